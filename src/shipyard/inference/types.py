@@ -1,0 +1,71 @@
+"""Records and interfaces of inference: token-in / token-out generation with versions.
+
+Contract: a :class:`GenerateRequest` carries prompt token ids (never text) and sampling
+parameters; the :class:`GenerateResult` returns the sampled ids exactly as sampled, the logprob
+of each sampled token under the distribution it was sampled from (after temperature, before
+top-p truncation), and the weight version that was live when each token was sampled. A result
+never contains tokens after the stop condition that ended it, and always contains the token
+that completed a stop string or the EOS token (so trajectories stay token-exact).
+
+Example::
+
+    client = HttpInferenceClient("http://127.0.0.1:8000")
+    [res] = client.generate([GenerateRequest(prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=8))])
+    res.token_ids, res.logprobs, res.versions, res.finish_reason
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["eos", "stop", "length"]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenerateRequest:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> GenerateRequest:
+        return GenerateRequest(prompt_ids=list(d["prompt_ids"]), params=SamplingParams(**d.get("params", {})))
+
+
+@dataclass
+class GenerateResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> GenerateResult:
+        return GenerateResult(**d)
+
+
+class InferenceClient(Protocol):
+    """What rollout workers and evaluators need from an inference server."""
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Sample a continuation for every request (batched by the server)."""
+        ...
+
+    def version(self) -> int:
+        """The weight version the server serves now."""
+        ...

