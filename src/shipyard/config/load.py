@@ -51,7 +51,9 @@ def _format_errors(err: ValidationError, source: str) -> str:
     for e in err.errors():
         field = ".".join(str(x) for x in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {field}: unknown field (check the spelling; `shipyard train CONFIG --dry-run` lists fields)")
+            lines.append(
+                f"  {field}: unknown field (check the spelling; `shipyard train CONFIG --dry-run` lists fields)"
+            )
         else:
             lines.append(f"  {field}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

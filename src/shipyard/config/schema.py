@@ -38,8 +38,8 @@ class ModelConfig(_Section):
 
 
 class SamplingConfig(_Section):
-    temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature; 0 means greedy."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Rollout sampling temperature (> 0: RL needs samples; the trainer scores at the same temperature)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
     max_tokens: int = Field(256, ge=1)
@@ -68,6 +68,8 @@ class AgentConfig(_Section):
     """Session ends when its token count (prompt, model and tool tokens) reaches this."""
     max_tool_output_chars: int = Field(800, ge=64)
     """Tool output longer than this is cut (head and tail kept) before it is fed back."""
+    end_on_pass: bool = True
+    """End the session when a written solution passes the visible tests (or the task has none)."""
 
 
 class SandboxConfig(_Section):
@@ -95,8 +97,6 @@ class RolloutConfig(_Section):
     """Rollout workers (Ray actors); each runs whole GRPO groups."""
     group_size: int = Field(8, ge=2, le=128)
     """Sessions per task (the GRPO group)."""
-    groups_per_batch: int = Field(2, ge=1)
-    """Groups written together as one rollout batch to `rollouts/`."""
     concurrency: int = Field(8, ge=1)
     """Sessions a worker runs at once (their turns batch together on the server)."""
 
@@ -107,7 +107,8 @@ class TrainerConfig(_Section):
     mode: Literal["async", "sync"] = "async"
     """`async`: rollouts never wait for the trainer; `sync`: batch k is sampled with version k exactly."""
     groups_per_step: int = Field(2, ge=1)
-    """GRPO groups consumed per optimizer step."""
+    """GRPO groups consumed per optimizer step; each rollout worker writes its share
+    (groups_per_step / rollout.num_workers) as one batch per step."""
     max_off_policy_steps: int = Field(4, ge=0)
     """Samples whose oldest token version is more than this many steps behind are dropped."""
     lr: float = Field(1e-5, gt=0)
@@ -122,12 +123,14 @@ class TrainerConfig(_Section):
     """PPO ratio clip below 1 (epsilon_low)."""
     clip_high: float = Field(0.28, ge=0)
     """PPO ratio clip above 1 (epsilon_high)."""
+    scale_adv_std: bool = True
+    """Divide group advantages by the group's reward std (GRPO); false gives Dr.GRPO's unscaled form."""
     tis_cap: float = Field(2.0, ge=1.0)
     """Truncated importance sampling cap C on pi_old / mu."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward micro-batch."""
-    checkpoint_every: int = Field(5, ge=1)
-    """Save a resumable checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Resumable checkpoints kept (one is written every step, before its version is published)."""
     wait_timeout_s: float = Field(600.0, gt=0)
     """Fail if no rollout arrives for this long."""
     threads: int = Field(1, ge=1)
@@ -138,7 +141,7 @@ class StoreConfig(_Section):
     type: Literal["local"] = "local"
     """Backend: a local directory (S3-compatible backends arrive with delta weight shipping)."""
     root: str = "runs/store"
-    """Directory that holds `weights/`, `rollouts/` and `checkpoints/`."""
+    """Directory that holds `weights/`, `rollouts/` and `control/`."""
 
 
 class EvalConfig(_Section):
@@ -148,8 +151,10 @@ class EvalConfig(_Section):
     """HumanEval problems evaluated by `shipyard eval` (0 skips HumanEval)."""
     temperature: float = Field(0.0, ge=0)
     """Sampling temperature for evaluation (0 = greedy pass@1)."""
-    checkpoint: str | None = None
-    """Weights to evaluate: a version number in the store, a checkpoint directory, or none (base)."""
+    version: int | None = None
+    """Weight version in the store to evaluate (none = the configured base model)."""
+    label: str = "base"
+    """Name of this evaluation in `humaneval.json` (written as `<label>_pass1`)."""
 
 
 class RunConfig(_Section):
@@ -197,6 +202,11 @@ class ShipyardConfig(_Section):
     def _check(self) -> ShipyardConfig:
         if self.model.source == "hf" and not self.model.path:
             raise ValueError("model.path must be set when model.source = 'hf' (an HF-format directory)")
+        if self.trainer.groups_per_step % self.rollout.num_workers:
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
+                f"rollout.num_workers={self.rollout.num_workers} (each worker writes an equal share per step)"
+            )
         if self.trainer.clip_low >= 1.0:
             raise ValueError(f"trainer.clip_low={self.trainer.clip_low} must be < 1")
         return self

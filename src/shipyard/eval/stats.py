@@ -1,0 +1,33 @@
+"""Confidence intervals for pass rates and paired before/after differences.
+
+Contract: :func:`wilson_ci` is the Wilson score interval of a binomial proportion;
+:func:`paired_diff_ci` is the normal-approximation interval of mean(after - before) over the
+same tasks (per-task outcomes in {0, 1} or rewards in [0, 1]), the right test when the same
+held-out tasks are evaluated twice. Both return (low, high) at 95% by default.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_diff_ci(before: list[float], after: list[float], z: float = 1.96) -> tuple[float, float, float]:
+    """(mean difference, low, high) of after - before over paired outcomes."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired outcomes need equal, non-zero lengths (got {len(before)} and {len(after)})")
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    half = z * math.sqrt(var / n)
+    return (mean, mean - half, mean + half)

@@ -1,0 +1,367 @@
+"""Embedded inference engine: batched KV-cache sampling with in-flight weight updates.
+
+Contract:
+- :meth:`EmbeddedEngine.generate` samples a continuation for every :class:`GenerateRequest`, in
+  chunks of at most ``max_batch`` sequences: one left-padded prefill (attention mask, position ids
+  counted from each row's first real token), then one decode step per token on a transformers
+  ``DynamicCache``. Each row has its own temperature, top-p, max_tokens, stop strings and
+  ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a seeded
+  request draws the same random numbers whatever else shares its batch.
+- Temperature 0 is greedy (argmax). The logprob reported for a sampled token is
+  ``log_softmax(logits / T)`` at that token for T > 0 and ``log_softmax(logits)`` for T = 0: the
+  full tempered distribution, *before* top-p truncation (the distribution a trainer can
+  recompute; top-p only restricts which tokens may be drawn).
+- A row ends on an EOS id (``tokenizer.eos_token_id`` and ``generation_config.eos_token_id``) ->
+  ``"eos"``; when a stop string appears in its decoded generated text -> ``"stop"`` (the token
+  that completed it is kept, nothing after it); on ``max_tokens`` or the model's context limit ->
+  ``"length"``. Finished rows leave the batch and the KV cache at once (``DynamicCache`` already
+  copies the cache on every step, so a compaction costs about one step's cache update), and
+  leading padding columns no remaining row needs are cut from the cache.
+- Weights: :meth:`stage_weights` may be called from any thread; the update is applied in place
+  (``copy_`` into the live parameters) at the next decode-step boundary of a running generate, or
+  by :meth:`apply_pending` / the next generate when idle. Every token records the version live
+  for the forward pass that produced its logits; each apply's duration is appended to ``pauses``.
+  The KV cache of running rows is kept across a swap (in-flight update: tokens after the swap
+  attend to keys/values computed with the older weights).
+
+Limits: one generate runs at a time (calls from several threads are serialised); requests are
+chunked in arrival order, so a straggler in one chunk delays the next chunk (no continuous
+batching); stop strings are searched in the decoded text of the last ``2 * longest_stop + 8``
+generated tokens each step; CPU or single-device models only.
+
+Shape legend: B = rows in the running batch, T = key/value length (padded prompt + generated),
+V = vocabulary size, P = parameters' own shapes.
+
+Example::
+
+    engine = EmbeddedEngine(model, tokenizer, max_batch=8)
+    [res] = engine.generate([GenerateRequest(prompt_ids=ids, params=SamplingParams(temperature=0))])
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+
+
+@dataclass
+class _Row:
+    """Decode state of one sequence of the running batch."""
+
+    index: int
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator
+    stop_window: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+
+def sample_tokens(
+    logits_BV: torch.Tensor, temps_B: torch.Tensor, top_p_B: torch.Tensor, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; returns ``(tokens_B, logprobs_B)``.
+
+    Greedy rows (T = 0) take the argmax and draw no random number. Sampling rows draw one uniform
+    from their own generator and invert the CDF of the tempered distribution (in vocabulary order
+    when top_p = 1, in descending-probability order over the top-p nucleus otherwise), so a row's
+    draw depends only on its own logits and generator.
+    """
+    assert logits_BV.dim() == 2 and len(generators) == logits_BV.shape[0]
+    logits_BV = logits_BV.float()
+    greedy_B = temps_B == 0
+    logp_BV = torch.log_softmax(logits_BV / torch.where(greedy_B, 1.0, temps_B)[:, None], dim=-1)
+    tokens_B = logits_BV.argmax(dim=-1)
+    sampling = (~greedy_B).nonzero().flatten().tolist()
+    if sampling:
+        u_S = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampling])
+        rows_S = torch.tensor(sampling, dtype=torch.long)
+        probs_SV = logp_BV[rows_S].double().exp()
+        nucleus_S = top_p_B[rows_S] < 1.0
+        order_SV = torch.arange(probs_SV.shape[1]).expand_as(probs_SV).clone()
+        if bool(nucleus_S.any()):
+            sorted_NV, order_NV = probs_SV[nucleus_S].sort(dim=-1, descending=True, stable=True)
+            cum_NV = sorted_NV.cumsum(dim=-1)
+            keep_NV = (cum_NV - sorted_NV) < top_p_B[rows_S][nucleus_S, None].double()
+            probs_SV[nucleus_S] = sorted_NV * keep_NV
+            order_SV[nucleus_S] = order_NV
+        cdf_SV = probs_SV.cumsum(dim=-1)
+        total_S = cdf_SV[:, -1]
+        target_S = torch.minimum(u_S * total_S, torch.nextafter(total_S, torch.zeros_like(total_S)))
+        pos_S = torch.searchsorted(cdf_SV, target_S[:, None], right=True).squeeze(1)
+        tokens_B[rows_S] = order_SV.gather(1, pos_S[:, None]).squeeze(1)
+    logprobs_B = logp_BV.gather(1, tokens_B[:, None]).squeeze(1)
+    return tokens_B, logprobs_B
+
+
+class _Batch:
+    """A running chunk: rows, KV cache, attention mask and positions, kept in step by compaction."""
+
+    def __init__(
+        self, rows: list[_Row], cache: DynamicCache, attn_BT: torch.Tensor, pos_B: torch.Tensor
+    ) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.attn_BT = attn_BT
+        self.pos_B = pos_B
+        self.temps_B = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
+        self.top_p_B = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
+
+    def keep(self, keep: list[int]) -> None:
+        """Drop every row not listed in ``keep`` and cut padding columns no kept row needs."""
+        assert keep, "an empty batch is dropped by the caller, never compacted"
+        idx = torch.tensor(keep, dtype=torch.long)
+        self.rows = [self.rows[i] for i in keep]
+        self.cache.batch_select_indices(idx)
+        self.attn_BT = self.attn_BT.index_select(0, idx)
+        self.pos_B = self.pos_B.index_select(0, idx)
+        self.temps_B = self.temps_B.index_select(0, idx)
+        self.top_p_B = self.top_p_B.index_select(0, idx)
+        lead = int(self.attn_BT.cumsum(dim=1).eq(0).sum(dim=1).min())
+        if lead > 0 and all(type(layer) is DynamicLayer for layer in self.cache.layers):
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, lead:]
+                layer.values = layer.values[:, :, lead:]
+            self.attn_BT = self.attn_BT[:, lead:]
+
+    def mask(self) -> torch.Tensor | None:
+        """The attention mask, or None when no row has padding (lets SDPA take its causal path)."""
+        return None if bool(self.attn_BT.all()) else self.attn_BT
+
+
+class EmbeddedEngine:
+    """Batched sampler around an HF causal LM; see the module docstring for the contract."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be >= 1")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.version = version
+        self.pauses: list[float] = []
+        self.stats: dict[str, int] = {
+            "batches": 0,
+            "sequences": 0,
+            "generated_tokens": 0,
+            "decode_steps": 0,
+            "largest_batch": 0,
+            "compactions": 0,
+        }
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.eos_ids = self._eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.device = next(model.parameters()).device
+        self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        self._lock = threading.RLock()
+        self._stage_lock = threading.Lock()
+        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    @staticmethod
+    def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_cfg = getattr(model, "generation_config", None)
+        for value in (tokenizer.eos_token_id, getattr(gen_cfg, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, Iterable):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    # ----------------------------------------------------------------------------------- weights
+
+    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor], copy: bool = True) -> None:
+        """Queue ``state_dict`` (all or some parameters) as ``version``; applied at the next step boundary.
+
+        Staged updates that have not been applied yet merge (later tensors win), so partial
+        updates are never lost. ``copy=True`` snapshots the tensors now, so the caller may keep
+        changing its own; ``copy=False`` only converts dtype/device and the caller must not mutate them.
+        """
+        if not isinstance(version, int):
+            raise ValueError(f"version must be an int, got {type(version).__name__}")
+        staged: dict[str, torch.Tensor] = {}
+        for name, tensor in state_dict.items():
+            target = self._targets.get(name)
+            if target is None:
+                raise ValueError(f"stage_weights: {name!r} is not a parameter or buffer of the model")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"stage_weights: {name!r} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}"
+                )
+            staged[name] = tensor.detach().to(device=target.device, dtype=target.dtype, copy=copy)
+        with self._stage_lock:
+            merged = {} if self._pending is None else self._pending[1]
+            merged.update(staged)
+            self._pending = (version, merged)
+
+    def apply_pending(self) -> bool:
+        """Apply a staged update now; False when none is staged or a generate in another thread runs.
+
+        A generate running in another thread applies the update itself at its next step boundary.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            with self._stage_lock:
+                pending, self._pending = self._pending, None
+            if pending is None:
+                return False
+            version, tensors_P = pending
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for name, tensor_P in tensors_P.items():
+                    self._targets[name].data.copy_(tensor_P)
+            self.version = version
+            self.pauses.append(time.perf_counter() - t0)
+            return True
+        finally:
+            self._lock.release()
+
+    # ---------------------------------------------------------------------------------- requests
+
+    def validate(self, requests: list[GenerateRequest]) -> None:
+        """Raise ValueError naming the first malformed request (ids, sampling parameters, length)."""
+        if not isinstance(requests, list):
+            raise ValueError(f"requests must be a list of GenerateRequest, got {type(requests).__name__}")
+        for i, req in enumerate(requests):
+            if not isinstance(req, GenerateRequest):
+                raise ValueError(f"request {i} is a {type(req).__name__}, not a GenerateRequest")
+            p = req.params
+            if not req.prompt_ids:
+                raise ValueError(f"request {i}: prompt_ids is empty")
+            if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in req.prompt_ids):
+                raise ValueError(f"request {i}: prompt_ids must be ints in [0, {self.vocab_size})")
+            if len(req.prompt_ids) >= self.max_positions:
+                raise ValueError(
+                    f"request {i}: prompt of {len(req.prompt_ids)} tokens leaves no room (context {self.max_positions})"
+                )
+            if not (
+                isinstance(p.temperature, int | float) and math.isfinite(p.temperature) and p.temperature >= 0
+            ):
+                raise ValueError(f"request {i}: temperature={p.temperature!r} must be a finite number >= 0")
+            if not (isinstance(p.top_p, int | float) and 0 < p.top_p <= 1):
+                raise ValueError(f"request {i}: top_p={p.top_p!r} must be in (0, 1]")
+            if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
+                raise ValueError(f"request {i}: max_tokens={p.max_tokens!r} must be an int >= 1")
+            if not isinstance(p.stop, list) or any(not isinstance(s, str) or not s for s in p.stop):
+                raise ValueError(f"request {i}: stop must be a list of non-empty strings")
+            if p.seed is not None and not isinstance(p.seed, int):
+                raise ValueError(f"request {i}: seed={p.seed!r} must be an int or None")
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Sample every request (chunks of ``max_batch``); results are in request order."""
+        self.validate(requests)
+        results: list[GenerateResult] = []
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(requests), self.max_batch):
+                rows = [
+                    self._new_row(start + i, r)
+                    for i, r in enumerate(requests[start : start + self.max_batch])
+                ]
+                self._run_chunk(rows, requests)
+                results.extend(
+                    GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish or "length") for r in rows
+                )
+        return results
+
+    def _new_row(self, index: int, req: GenerateRequest) -> _Row:
+        gen = torch.Generator()
+        seed = req.params.seed if req.params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        gen.manual_seed(seed)
+        longest = max((len(s) for s in req.params.stop), default=0)
+        return _Row(index, len(req.prompt_ids), req.params, gen, stop_window=2 * longest + 8)
+
+    # ---------------------------------------------------------------------------------- decoding
+
+    def _run_chunk(self, rows: list[_Row], requests: list[GenerateRequest]) -> None:
+        self.apply_pending()
+        batch, logits_BV = self._prefill(rows, [requests[r.index].prompt_ids for r in rows])
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(rows)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
+        while True:
+            version = self.version
+            gens = [r.generator for r in batch.rows]
+            tokens_B, logprobs_B = sample_tokens(logits_BV, batch.temps_B, batch.top_p_B, gens)
+            keep = self._record(batch.rows, tokens_B.tolist(), logprobs_B.tolist(), version)
+            if not keep:
+                return
+            if len(keep) < len(batch.rows):
+                batch.keep(keep)
+                tokens_B = tokens_B.index_select(0, torch.tensor(keep, dtype=torch.long))
+                self.stats["compactions"] += 1
+            self.apply_pending()
+            logits_BV = self._decode_step(batch, tokens_B)
+
+    def _prefill(self, rows: list[_Row], prompts: list[list[int]]) -> tuple[_Batch, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn_BT = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, prompt in enumerate(prompts):
+            ids_BT[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attn_BT[b, width - len(prompt) :] = 1
+        pos_BT = (attn_BT.cumsum(dim=1) - 1).masked_fill(attn_BT == 0, 0)
+        cache = DynamicCache(config=self.model.config)
+        batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
+        out = self.model(
+            input_ids=ids_BT.to(self.device),
+            attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
+            position_ids=pos_BT.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return batch, out.logits[:, -1, :].float().cpu()
+
+    def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:
+        batch.attn_BT = torch.cat([batch.attn_BT, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
+        batch.pos_B = batch.pos_B + 1
+        mask_BT = batch.mask()
+        out = self.model(
+            input_ids=tokens_B[:, None].to(self.device),
+            attention_mask=None if mask_BT is None else mask_BT.to(self.device),
+            position_ids=batch.pos_B[:, None].to(self.device),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        self.stats["decode_steps"] += 1
+        return out.logits[:, -1, :].float().cpu()
+
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float], version: int) -> list[int]:
+        """Append each row's token; set finish reasons; return the batch positions still running."""
+        keep: list[int] = []
+        for b, (row, tok, lp) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            row.token_ids.append(tok)
+            row.logprobs.append(lp)
+            row.versions.append(version)
+            self.stats["generated_tokens"] += 1
+            if tok in self.eos_ids:
+                row.finish = "eos"
+            elif row.params.stop and self._hit_stop(row):
+                row.finish = "stop"
+            elif (
+                len(row.token_ids) >= row.params.max_tokens
+                or row.prompt_len + len(row.token_ids) >= self.max_positions
+            ):
+                row.finish = "length"
+            else:
+                keep.append(b)
+        return keep
+
+    def _hit_stop(self, row: _Row) -> bool:
+        tail = self.tokenizer.decode(row.token_ids[-row.stop_window :], skip_special_tokens=False)
+        return any(s in tail for s in row.params.stop)

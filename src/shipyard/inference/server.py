@@ -1,0 +1,377 @@
+"""HTTP serving of an :class:`EmbeddedEngine`: a batching scheduler, FastAPI routes, uvicorn thread.
+
+Contract:
+- :class:`BatchScheduler` queues requests from any number of threads; one worker thread takes
+  everything queued (after waiting ``gather_window_s`` for more to arrive, stopping early once
+  ``max_batch`` sequences are waiting) up to ``engine.max_batch`` sequences, runs
+  ``engine.generate`` once, and resolves each caller's future. N concurrent single-sequence
+  calls therefore become one batch. While idle it calls ``engine.apply_pending()`` every
+  ``idle_poll_s`` so staged weights go live without traffic.
+- :func:`create_app` routes: ``POST /generate`` (token-in/token-out, body
+  ``{"requests": [GenerateRequest.to_json(), ...]}`` -> ``{"results": [GenerateResult.to_json(), ...]}``),
+  ``POST /v1/chat/completions`` (OpenAI-compatible subset, see :class:`ChatCompletionBody`; each
+  choice carries an extension ``shipyard: {token_ids, logprobs, versions}``), ``GET /v1/models``,
+  ``GET /health`` -> ``{"status": "ok", "version": v}``, ``GET /version`` -> ``{"version": v}``.
+  Malformed requests get HTTP 400 with the reason; a failed batch gets 500.
+- :class:`InferenceServer` runs uvicorn in a background thread on a socket it binds itself (port
+  0 picks a free port, known as soon as ``start()`` returns); ``stop()`` shuts uvicorn and the
+  scheduler down and joins both threads.
+
+Limits: no streaming (``stream: true`` is refused); chat ``n > 1`` samples n independent choices
+with seeds ``seed + i`` when a seed is given; ``stop()`` waits for the batch being decoded to
+finish (at most ``max_tokens`` steps); the chat ``content`` is cut before the stop string (OpenAI
+style) while ``shipyard.token_ids`` keep the token that completed it.
+
+Shape legend: no tensors here (token ids travel as lists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
+
+_Item = tuple[list[GenerateRequest], "Future[list[GenerateResult]]"]
+
+
+class BatchScheduler:
+    """Turns concurrent ``submit`` calls into batched ``engine.generate`` calls on one worker thread."""
+
+    def __init__(
+        self, engine: EmbeddedEngine, gather_window_s: float = 0.005, idle_poll_s: float = 0.05
+    ) -> None:
+        if gather_window_s < 0 or idle_poll_s <= 0:
+            raise ValueError(
+                f"gather_window_s={gather_window_s} must be >= 0 and idle_poll_s={idle_poll_s} > 0"
+            )
+        self.engine = engine
+        self.gather_window_s = gather_window_s
+        self.idle_poll_s = idle_poll_s
+        self._queue: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BatchScheduler:
+        """Start the worker thread (idempotent)."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="shipyard-batcher", daemon=True)
+                self._thread.start()
+        return self
+
+    def submit(self, requests: list[GenerateRequest]) -> Future[list[GenerateResult]]:
+        """Queue ``requests`` (validated now, so a bad one fails alone); the future gets their results."""
+        self.engine.validate(requests)
+        fut: Future[list[GenerateResult]] = Future()
+        if not requests:
+            fut.set_result([])
+            return fut
+        self.start()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._queue.append((requests, fut))
+            self._cond.notify_all()
+        return fut
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Blocking ``submit``: the results of ``requests`` once their batch has run."""
+        return self.submit(requests).result()
+
+    def close(self, timeout_s: float = 600.0) -> None:
+        """Stop the worker after the batch it is running; queued requests fail with RuntimeError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        with self._cond:
+            leftover, self._queue = list(self._queue), deque()
+        for _reqs, fut in leftover:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("inference server shut down before the request ran"))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._closed:
+                    self._cond.wait(self.idle_poll_s)
+                if self._closed:
+                    return
+                if self._queue:
+                    self._gather()
+                    items = self._take()
+                else:
+                    items = []
+            if items:
+                self._execute(items)
+            else:
+                self.engine.apply_pending()
+
+    def _waiting(self) -> int:
+        return sum(len(reqs) for reqs, _ in self._queue)
+
+    def _gather(self) -> None:
+        """Wait (holding the condition) up to the gather window for more requests to arrive."""
+        deadline = time.monotonic() + self.gather_window_s
+        while not self._closed and self._waiting() < self.engine.max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _take(self) -> list[_Item]:
+        """Pop queued items in order while they fit in one batch (always at least one)."""
+        items: list[_Item] = []
+        total = 0
+        while self._queue:
+            reqs, fut = self._queue[0]
+            if items and total + len(reqs) > self.engine.max_batch:
+                break
+            self._queue.popleft()
+            if fut.set_running_or_notify_cancel():
+                items.append((reqs, fut))
+                total += len(reqs)
+        return items
+
+    def _execute(self, items: list[_Item]) -> None:
+        flat = [r for reqs, _ in items for r in reqs]
+        try:
+            results = self.engine.generate(flat)
+        except Exception as e:  # the failure belongs to the callers of this batch
+            for _, fut in items:
+                fut.set_exception(e)
+            return
+        start = 0
+        for reqs, fut in items:
+            fut.set_result(results[start : start + len(reqs)])
+            start += len(reqs)
+
+
+class GenerateBody(BaseModel):
+    """Body of ``POST /generate``."""
+
+    requests: list[dict[str, Any]]
+
+
+class ChatCompletionBody(BaseModel):
+    """The OpenAI chat-completions fields we honour; other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1)
+    stream: bool = False
+
+
+def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    try:
+        enc = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+    except Exception as e:  # template errors come from malformed messages
+        raise ValueError(f"chat template failed on these messages: {e}") from e
+    return list(enc["input_ids"])
+
+
+def _chat_choice(tokenizer: Any, index: int, res: GenerateResult, stop: list[str]) -> dict[str, Any]:
+    content = tokenizer.decode(res.token_ids, skip_special_tokens=True)
+    if res.finish_reason == "stop":
+        cuts = [content.find(s) for s in stop if s in content]
+        content = content[: min(cuts)] if cuts else content
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": content},
+        "finish_reason": "length" if res.finish_reason == "length" else "stop",
+        "logprobs": None,
+        "shipyard": {"token_ids": res.token_ids, "logprobs": res.logprobs, "versions": res.versions},
+    }
+
+
+def _chat_requests(
+    engine: EmbeddedEngine, body: ChatCompletionBody
+) -> tuple[list[GenerateRequest], list[str]]:
+    if body.stream:
+        raise ValueError("stream=true is not supported by this server")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    max_tokens = body.max_completion_tokens or body.max_tokens or SamplingParams().max_tokens
+    prompt = _chat_prompt(engine.tokenizer, body.messages)
+    reqs = [
+        GenerateRequest(
+            prompt_ids=prompt,
+            params=SamplingParams(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=None if body.seed is None else body.seed + i,
+            ),
+        )
+        for i in range(body.n)
+    ]
+    return reqs, stop
+
+
+def create_app(
+    engine: EmbeddedEngine, gather_window_s: float = 0.005, model_name: str | None = None
+) -> FastAPI:
+    """The FastAPI app; its scheduler starts on first use and closes with the app's lifespan."""
+    scheduler = BatchScheduler(engine, gather_window_s=gather_window_s)
+    name = model_name or str(getattr(engine.model.config, "name_or_path", "") or "shipyard")
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.close)
+
+    app = FastAPI(title="shipyard inference", lifespan=lifespan)
+    app.state.scheduler = scheduler
+    app.state.engine = engine
+
+    async def run(requests: list[GenerateRequest]) -> list[GenerateResult]:
+        try:
+            fut = scheduler.submit(requests)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+        except RuntimeError as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        try:
+            return await asyncio.wrap_future(fut)
+        except RuntimeError as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        except Exception as e:  # report engine failures to the caller
+            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from e
+
+    @app.post("/generate")
+    async def generate(body: GenerateBody) -> dict[str, Any]:
+        try:
+            requests = [GenerateRequest.from_json(d) for d in body.requests]
+        except (KeyError, TypeError) as e:
+            raise HTTPException(status_code=400, detail=f"malformed GenerateRequest: {e}") from e
+        return {"results": [r.to_json() for r in await run(requests)]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionBody) -> dict[str, Any]:
+        try:
+            requests, stop = _chat_requests(engine, body)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+        results = await run(requests)
+        completion = sum(len(r.token_ids) for r in results)
+        prompt = len(requests[0].prompt_ids)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model or name,
+            "choices": [_chat_choice(engine.tokenizer, i, r, stop) for i, r in enumerate(results)],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "shipyard"}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "version": engine.version}
+
+    @app.get("/version")
+    async def version() -> dict[str, int]:
+        return {"version": engine.version}
+
+    return app
+
+
+class InferenceServer:
+    """uvicorn serving :func:`create_app` in a background thread; also a context manager."""
+
+    def __init__(
+        self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, gather_window_s: float = 0.005
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port={port} must be in [0, 65535]")
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.app = create_app(engine, gather_window_s=gather_window_s)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        if self._sock is None:
+            raise RuntimeError("the server is not started")
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> InferenceServer:
+        """Bind, start uvicorn in a thread, and return once it accepts connections."""
+        if self._thread is not None:
+            raise RuntimeError("the server is already started")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self._sock, self.port = sock, sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="shipyard-uvicorn", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"uvicorn did not start on {self.host}:{self.port} within {timeout_s}s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Shut uvicorn down (after the running batch) and join its thread and the scheduler's."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.app.state.scheduler.close(timeout_s)
+        if self._sock is not None:
+            self._sock.close()
+        self._server, self._thread, self._sock = None, None, None
+
+    def __enter__(self) -> InferenceServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,92 @@
+"""Live progress of a training run, read from the trainer's metrics JSONL.
+
+Contract: :class:`RunProgress` renders a rich live view — a progress bar with ETA and a table of
+the newest step's reward, staleness, drops, mismatch, throughput and trainer idle share —
+refreshed from ``metrics.jsonl`` whenever :meth:`refresh` is called. It reads the file the
+trainer writes, so it works the same whichever process or machine the trainer runs on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from shipyard.metrics.logger import read_metrics
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Run-level figures from trainer records: throughput and trainer idle share."""
+    train = [r for r in records if r.get("kind") == "train"]
+    if not train:
+        return {}
+    elapsed = max(train[-1]["time/elapsed_s"], 1e-9)
+    samples = sum(r["rollout/samples"] for r in train)
+    tokens = sum(r["rollout/sampled_tokens"] for r in train)
+    idle = sum(r["time/wait_s"] for r in train)
+    return {
+        "steps": float(len(train)),
+        "samples_per_s": samples / elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "trainer_idle_frac": idle / elapsed,
+        "dropped_stale": float(sum(r["rollout/dropped_stale"] for r in train)),
+        "reward_first": train[0]["reward/mean"],
+        "reward_last": train[-1]["reward/mean"],
+    }
+
+
+class RunProgress:
+    def __init__(self, metrics_path: Path, total_steps: int, start_step: int = 0) -> None:
+        self.path = metrics_path
+        self.bar = Progress(
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        self.task = self.bar.add_task("train", total=total_steps, completed=start_step)
+        self.live = Live(Group(self.bar, Table()), refresh_per_second=2)
+
+    def __enter__(self) -> RunProgress:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.refresh()
+        self.live.__exit__(None, None, None)
+
+    def refresh(self) -> None:
+        records = [r for r in read_metrics(self.path) if r.get("kind") == "train"]
+        if not records:
+            return
+        last, run = records[-1], summarize(records)
+        self.bar.update(self.task, completed=last["step"])
+        table = Table(show_header=True, header_style="bold")
+        cols = {
+            "step": f"{last['step']}",
+            "reward": f"{last['reward/mean']:.3f}",
+            "solved": f"{last['reward/solved_frac']:.2f}",
+            "staleness": f"{last['staleness/mean']:.2f} (max {last['staleness/max']:.0f})",
+            "dropped": f"{run['dropped_stale']:.0f}",
+            "k3": f"{last.get('mismatch/k3', float('nan')):.2e}",
+            "samples/s": f"{run['samples_per_s']:.2f}",
+            "tok/s": f"{run['tokens_per_s']:.0f}",
+            "trainer idle": f"{100 * run['trainer_idle_frac']:.0f}%",
+        }
+        for k in cols:
+            table.add_column(k)
+        table.add_row(*cols.values())
+        self.live.update(Group(self.bar, table))

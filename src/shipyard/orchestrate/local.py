@@ -1,0 +1,74 @@
+"""Local placement: every component as threads of this process (tests, debugging).
+
+Contract: see :mod:`shipyard.orchestrate.base`. Components talk exactly as they do under Ray —
+rollout workers reach the servers over HTTP on loopback and everything else goes through the
+store — only the process boundaries are missing.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.orchestrate.components import InferenceNode, build_worker
+from shipyard.rollout.worker import RolloutWorker
+from shipyard.store import open_store
+from shipyard.trainer.loop import run_trainer
+
+
+class LocalPlacement:
+    def __init__(self, cfg: ShipyardConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.store = open_store(cfg.store)
+        self.nodes: list[InferenceNode] = []
+        self.workers: list[RolloutWorker] = []
+        self._threads: list[threading.Thread] = []
+        self._trainer: threading.Thread | None = None
+        self._result: dict[str, Any] = {}
+        self._error: BaseException | None = None
+
+    def start_inference(self) -> list[str]:
+        self.nodes = [InferenceNode(self.cfg, self.store) for _ in range(self.cfg.inference.num_servers)]
+        return [n.url for n in self.nodes]
+
+    def start_training(self) -> None:
+        urls = [n.url for n in self.nodes]
+        for i in range(self.cfg.rollout.num_workers):
+            worker = build_worker(self.cfg, f"w{i}", urls[i % len(urls)], self.store)
+            t = threading.Thread(target=worker.run, name=f"rollout-w{i}", daemon=True)
+            self.workers.append(worker)
+            self._threads.append(t)
+            t.start()
+        self._trainer = threading.Thread(target=self._train, name="trainer", daemon=True)
+        self._trainer.start()
+
+    def _train(self) -> None:
+        try:
+            self._result = run_trainer(self.cfg, self.store, self.run_dir)
+        except BaseException as e:  # surfaced by trainer_result()
+            self._error = e
+
+    def trainer_done(self) -> bool:
+        return self._trainer is not None and not self._trainer.is_alive()
+
+    def trainer_result(self) -> dict[str, Any]:
+        assert self._trainer is not None
+        self._trainer.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            w.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=300)
+        self.workers, self._threads = [], []
+
+    def stop(self) -> None:
+        self.stop_workers()
+        for n in self.nodes:
+            n.stop()

@@ -1,0 +1,119 @@
+"""Ray placement: trainer, inference servers and rollout workers as Ray actors.
+
+Contract: see :mod:`shipyard.orchestrate.base`. With ``run.ray_address`` unset a local Ray
+instance is started (sized so every actor fits on this machine); with an address the same
+config joins that cluster. Actors ask for the CPUs their torch threads use; rollout workers ask
+for none (they wait on HTTP and sandboxes). Actor logs stay in Ray's session log directory so
+the driver's live table stays readable; actor errors surface through ``trainer_result``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import ShipyardConfig
+
+
+class _InferenceActor:
+    def __init__(self, cfg: ShipyardConfig) -> None:
+        from shipyard.orchestrate.components import InferenceNode
+        from shipyard.store import open_store
+
+        self.node = InferenceNode(cfg, open_store(cfg.store))
+
+    def url(self) -> str:
+        return self.node.url
+
+    def stop(self) -> None:
+        self.node.stop()
+
+
+class _RolloutActor:
+    def __init__(self, cfg: ShipyardConfig, worker_id: str, url: str) -> None:
+        from shipyard.orchestrate.components import build_worker
+        from shipyard.store import open_store
+
+        self.worker = build_worker(cfg, worker_id, url, open_store(cfg.store))
+
+    def run(self) -> int:
+        return self.worker.run()
+
+
+class _TrainerActor:
+    def __init__(self, cfg: ShipyardConfig, run_dir: str) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+
+    def run(self) -> dict[str, Any]:
+        from shipyard.store import open_store
+        from shipyard.trainer.loop import run_trainer
+
+        return run_trainer(self.cfg, open_store(self.cfg.store), self.run_dir)
+
+
+class RayPlacement:
+    def __init__(self, cfg: ShipyardConfig, run_dir: Path) -> None:
+        import ray
+
+        self.ray = ray
+        self.cfg = cfg
+        self.run_dir = run_dir.resolve()
+        # Actors run in other working directories: give them absolute paths.
+        self.cfg = cfg.model_copy(deep=True)
+        self.cfg.store.root = str(Path(cfg.store.root).resolve())
+        self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).resolve())
+        if not ray.is_initialized():
+            if cfg.run.ray_address:
+                ray.init(address=cfg.run.ray_address, log_to_driver=False)
+            else:
+                need = cfg.trainer.threads + cfg.inference.num_servers * cfg.inference.threads
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, need),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    object_store_memory=128 * 1024**2,
+                    runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+                )
+        self.servers: list[Any] = []
+        self.workers: list[Any] = []
+        self._runs: list[Any] = []
+        self._trainer_ref: Any = None
+
+    def start_inference(self) -> list[str]:
+        actor = self.ray.remote(num_cpus=self.cfg.inference.threads, max_concurrency=4)(_InferenceActor)
+        self.servers = [actor.remote(self.cfg) for _ in range(self.cfg.inference.num_servers)]
+        return self.ray.get([s.url.remote() for s in self.servers])
+
+    def start_training(self) -> None:
+        urls = self.ray.get([s.url.remote() for s in self.servers])
+        worker_cls = self.ray.remote(num_cpus=0)(_RolloutActor)
+        for i in range(self.cfg.rollout.num_workers):
+            w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)])
+            self.workers.append(w)
+            self._runs.append(w.run.remote())
+        trainer = self.ray.remote(num_cpus=self.cfg.trainer.threads)(_TrainerActor).remote(
+            self.cfg, str(self.run_dir)
+        )
+        self._trainer_ref = trainer.run.remote()
+
+    def trainer_done(self) -> bool:
+        ready, _ = self.ray.wait([self._trainer_ref], timeout=0)
+        return bool(ready)
+
+    def trainer_result(self) -> dict[str, Any]:
+        return self.ray.get(self._trainer_ref)
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            self.ray.kill(w)
+        self.workers, self._runs = [], []
+
+    def stop(self) -> None:
+        self.stop_workers()
+        self.ray.get([s.stop.remote() for s in self.servers])
+        for s in self.servers:
+            self.ray.kill(s)
+        if not self.cfg.run.ray_address:
+            self.ray.shutdown()

@@ -1,0 +1,144 @@
+"""`shipyard train`: the driver of a run — place components, evaluate, watch, evaluate, report.
+
+Contract: starts the inference servers, evaluates the base policy on ``eval.heldout_n``
+held-out tasks (once per run directory: a resumed run reuses ``eval_before.json``), starts the
+trainer and rollout workers, shows live progress until the trainer finishes, stops rollout
+generation, waits for the servers to adopt the final version, evaluates again on the same
+tasks, and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
+``<results_dir>/demo.json`` (``heldout_n``, ``heldout_before``, ``heldout_after``,
+``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``). Rerunning the same command after a
+crash resumes the trainer from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.eval.evaluate import EvalResult, evaluate
+from shipyard.eval.stats import paired_diff_ci
+from shipyard.metrics.logger import read_metrics
+from shipyard.metrics.plot import plot_run
+from shipyard.metrics.progress import RunProgress, summarize
+from shipyard.orchestrate.base import make_placement
+from shipyard.orchestrate.components import session_spec, task_splits
+from shipyard.rollout.worker import FINISHED_KEY
+from shipyard.store import open_store
+
+console = Console()
+
+
+def train(cfg: ShipyardConfig) -> dict[str, Any]:
+    from shipyard.inference.client import HttpInferenceClient
+    from shipyard.models.loading import load_tokenizer
+
+    t0 = time.time()
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    placement = make_placement(cfg, run_dir)
+    try:
+        urls = placement.start_inference()
+        client = HttpInferenceClient(urls[0])
+        spec = session_spec(cfg, client, load_tokenizer(cfg.model))
+        heldout = task_splits(cfg)[1][: cfg.eval.heldout_n]
+        before = (
+            _eval_once(run_dir / "eval_before.json", spec, heldout, cfg)
+            if cfg.run.eval_before_after
+            else None
+        )
+        open_store(cfg.store).delete(FINISHED_KEY)  # a finished run given more steps goes on
+        placement.start_training()
+        _watch(placement, run_dir, cfg.trainer.steps)
+        result = placement.trainer_result()
+        placement.stop_workers()
+        _wait_version(client, cfg.trainer.steps)
+        after = _run_eval("after", spec, heldout, cfg) if before is not None else None
+    finally:
+        placement.stop()
+    return _report(cfg, run_dir, result, before, after, t0)
+
+
+def _eval_once(path: Path, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:
+    if path.is_file():
+        d = json.loads(path.read_text())
+        console.print(f"[dim]reusing {path} (pass@1 {sum(d['passed'])}/{len(d['passed'])})")
+        return EvalResult(
+            task_ids=d["task_ids"], passed=d["passed"], rewards=d["rewards"], errors=d["errors"]
+        )
+    res = _run_eval("before", spec, tasks, cfg)
+    path.write_text(json.dumps(res.__dict__))
+    return res
+
+
+def _run_eval(label: str, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"held-out eval ({label})", total=len(tasks))
+        res = evaluate(spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, lambda: bar.advance(task))
+    lo, hi = res.ci95()
+    console.print(f"held-out pass@1 {label}: {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] on {res.n} tasks")
+    return res
+
+
+def _watch(placement: Any, run_dir: Path, steps: int) -> None:
+    done = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
+    with RunProgress(run_dir / "metrics.jsonl", steps, start_step=max(done, default=0)) as prog:
+        while not placement.trainer_done():
+            prog.refresh()
+            time.sleep(1.0)
+
+
+def _wait_version(client: Any, version: int, timeout_s: float = 120.0) -> None:
+    deadline = time.time() + timeout_s
+    while client.version() < version:
+        if time.time() > deadline:
+            raise TimeoutError(f"inference server did not adopt version {version} within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _report(
+    cfg: ShipyardConfig,
+    run_dir: Path,
+    result: dict,
+    before: EvalResult | None,
+    after: EvalResult | None,
+    t0: float,
+) -> dict[str, Any]:
+    records = read_metrics(run_dir / "metrics.jsonl")
+    plot_run(run_dir / "metrics.jsonl", run_dir / "reward.png", title=f"shipyard run {cfg.run.name}")
+    summary: dict[str, Any] = {
+        "trainer": result,
+        "run": summarize(records),
+        "minutes": (time.time() - t0) / 60,
+    }
+    if before is not None and after is not None:
+        diff, lo, hi = paired_diff_ci([float(p) for p in before.passed], [float(p) for p in after.passed])
+        summary["demo"] = {
+            "heldout_n": before.n,
+            "heldout_before": before.pass_rate,
+            "heldout_after": after.pass_rate,
+            "heldout_diff": diff,
+            "heldout_diff_ci95_low": lo,
+            "heldout_diff_ci95_high": hi,
+            "minutes": summary["minutes"],
+            "steps": cfg.trainer.steps,
+            "samples_per_s": summary["run"].get("samples_per_s", 0.0),
+        }
+        results = Path(cfg.run.results_dir)
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "demo.json").write_text(json.dumps(summary["demo"], indent=1) + "\n")
+        console.print(
+            f"[bold]held-out pass@1: {before.pass_rate:.3f} → {after.pass_rate:.3f} "
+            f"(diff {diff:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}], n={before.n})"
+        )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    console.print(
+        f"plot: {run_dir / 'reward.png'}   metrics: {run_dir / 'metrics.jsonl'}   tensorboard: {run_dir / 'tb'}"
+    )
+    return summary

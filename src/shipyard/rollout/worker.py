@@ -1,0 +1,97 @@
+"""Rollout worker: plays GRPO groups of agent sessions and writes them to ``rollouts/``.
+
+Contract: worker ``w`` writes one :class:`RolloutBatch` per training step it feeds, holding
+``share = groups_per_step / num_workers`` whole groups of ``group_size`` sessions each, to
+``rollouts/<w>/<k:08d>.json.gz`` (atomic). Batch ``k`` is meant for trainer step ``k + 1``.
+Before starting batch ``k`` the worker waits until its inference server serves at least version
+``k - lag``: ``lag = 0`` in ``sync`` mode (batch k is sampled with version k exactly: the rollouts
+wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode (generation runs
+ahead of the trainer by at most that many versions and never waits otherwise). It always samples
+with the newest weights the server has; each token records its version. A session that crashes
+is recorded with its error (see :func:`run_session`). The worker stops when ``control/finished``
+appears in the store or ``stop`` is set; on restart it continues after its last written batch.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.types import Trajectory
+from shipyard.config.schema import ShipyardConfig
+from shipyard.envs.types import Task
+from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
+from shipyard.store.types import Store
+
+FINISHED_KEY = "control/finished"
+
+
+class RolloutWorker:
+    def __init__(
+        self, worker_id: str, cfg: ShipyardConfig, store: Store, spec: SessionSpec, tasks: list[Task]
+    ) -> None:
+        if not tasks:
+            raise ValueError("rollout worker needs at least one training task (check tasks.num_generated)")
+        self.worker_id = worker_id
+        self.cfg = cfg
+        self.store = store
+        self.spec = spec
+        self.tasks = tasks
+        self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
+        self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
+        self.next_seq = len(store.list(f"{ROLLOUT_PREFIX}{worker_id}/"))
+        self.stop_event = threading.Event()
+
+    def should_stop(self) -> bool:
+        return self.stop_event.is_set() or self.store.exists(FINISHED_KEY)
+
+    def wait_for_version(self, needed: int) -> bool:
+        """Block until the server serves >= ``needed``; False if asked to stop meanwhile."""
+        while self.spec.client.version() < needed:
+            if self.should_stop():
+                return False
+            time.sleep(0.1)
+        return True
+
+    def run(self, max_batches: int | None = None) -> int:
+        """Produce batches until stopped; returns how many were written."""
+        written = 0
+        with ThreadPoolExecutor(
+            self.cfg.rollout.concurrency, thread_name_prefix=f"{self.worker_id}-s"
+        ) as pool:
+            while not self.should_stop() and (max_batches is None or written < max_batches):
+                if not self.wait_for_version(self.next_seq - self.lag):
+                    break
+                batch = self.play_batch(pool, self.next_seq)
+                self.store.put(batch.key(), batch.to_bytes())
+                self.next_seq += 1
+                written += 1
+        return written
+
+    def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
+        rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")
+        version = self.spec.client.version()
+        t0 = time.time()
+        jobs = []
+        for g in range(self.share):
+            task = rng.choice(self.tasks)
+            gid = f"{self.worker_id}/{seq:08d}/{g}/{task.id}"
+            jobs += [
+                pool.submit(run_session, self.spec, task, gid, i) for i in range(self.cfg.rollout.group_size)
+            ]
+        trajs: list[Trajectory] = [j.result() for j in jobs]
+        return RolloutBatch(
+            batch_id=f"{self.worker_id}/{seq:08d}",
+            worker_id=self.worker_id,
+            created_at=time.time(),
+            trajectories=trajs,
+            stats={
+                "seconds": time.time() - t0,
+                "version_at_start": version,
+                "errors": sum(t.error is not None for t in trajs),
+                "sampled_tokens": sum(t.num_sampled() for t in trajs),
+            },
+        )

@@ -1,0 +1,79 @@
+"""Rollout feed: the trainer's view of ``rollouts/`` — groups in arrival order, stale ones dropped.
+
+Contract: :meth:`RolloutFeed.take` returns ``n`` GRPO groups not consumed before (group ids in
+``consumed`` are skipped, so a restarted trainer never trains on a rollout twice), in the order
+their batches appeared in the store. A group is dropped (and counted) when its oldest sampled
+token is more than ``max_off_policy_steps`` versions behind the trainer's current version.
+Sessions that crashed (``Trajectory.error``) are removed from their group and counted; a group
+left with fewer than two sessions is dropped. It waits (polling the store) until enough groups
+arrived, raising ``TimeoutError`` after ``timeout_s`` with no new batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from shipyard.agent.types import Trajectory
+from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
+from shipyard.store.types import Store
+
+
+@dataclass
+class Taken:
+    groups: list[list[Trajectory]]
+    wait_s: float
+    dropped_stale: int = 0
+    dropped_errors: int = 0
+    staleness: list[int] = field(default_factory=list)
+
+
+class RolloutFeed:
+    def __init__(self, store: Store, consumed: set[str] | None = None, poll_s: float = 0.2) -> None:
+        self.store = store
+        self.consumed: set[str] = set(consumed or ())
+        self.poll_s = poll_s
+        self._seen: set[str] = set()
+        self._queue: deque[list[Trajectory]] = deque()
+
+    def _poll(self) -> bool:
+        new = [k for k in self.store.list(ROLLOUT_PREFIX) if k not in self._seen]
+        batches = [RolloutBatch.from_bytes(self.store.get(k)) for k in new]
+        self._seen.update(new)
+        for batch in sorted(batches, key=lambda b: b.created_at):
+            for gid, group in batch.groups().items():
+                if gid not in self.consumed:
+                    self._queue.append(sorted(group, key=lambda t: t.sample_idx))
+        return bool(new)
+
+    def take(self, n: int, current_version: int, max_off_policy_steps: int, timeout_s: float) -> Taken:
+        t0 = time.time()
+        last_arrival = t0
+        out = Taken(groups=[], wait_s=0.0)
+        while len(out.groups) < n:
+            if not self._queue:
+                if self._poll():
+                    last_arrival = time.time()
+                elif time.time() - last_arrival > timeout_s:
+                    raise TimeoutError(
+                        f"no rollout batch arrived under {ROLLOUT_PREFIX} for {timeout_s:.0f} s"
+                    )
+                else:
+                    time.sleep(self.poll_s)
+                continue
+            group = self._queue.popleft()
+            self.consumed.add(group[0].group_id)
+            ok = [t for t in group if t.error is None]
+            out.dropped_errors += len(group) - len(ok)
+            staleness = current_version - min((t.min_version() for t in ok), default=current_version)
+            if len(ok) < 2:
+                out.dropped_errors += len(ok)
+                continue
+            if staleness > max_off_policy_steps:
+                out.dropped_stale += len(ok)
+                continue
+            out.groups.append(ok)
+            out.staleness.append(staleness)
+        out.wait_s = time.time() - t0
+        return out

@@ -1,0 +1,147 @@
+"""Per-token logprobs of a causal LM on right-padded batches, without full-vocab blow-up.
+
+Contract:
+- ``token_logprobs(model, ids_BT, attn_BT)[:, t] = log p(ids[t] | ids[<t])`` for every real
+  (``attn == 1``) position ``t >= 1``; column 0, padding and positions outside the optional
+  ``score_mask_BT`` are exactly 0. Logits are divided by ``temperature`` first, matching the
+  sampler's logprobs (which are taken after temperature). Gradients flow when grad is enabled.
+- Memory: the decoder runs once; the LM head runs only on the positions that are scored,
+  ``chunk_tokens`` rows at a time, each chunk as ``target_logit - logsumexp(logits)``. With grad
+  enabled each chunk is activation-checkpointed, so at most one chunk of ``[chunk, V]`` logits
+  (plus its gradient) is alive at once instead of ``[B, T, V]`` logits, log-softmax and grad.
+- ``pad_batch`` / ``pad_ints`` / ``pad_floats`` right-pad Python lists into tensors.
+Limits: the fast path needs an HF causal LM whose logits are exactly ``lm_head(decoder(x))``
+(Llama, Qwen, Mistral, SmolLM, ...); models with logit soft-capping or scaling, or without a
+linear output head, fall back to the full ``model(...).logits`` path (correct, more memory).
+Batches must be right-padded (every row starts with a real token).
+
+Shape legend: B = batch, T = padded length, H = hidden size, V = vocab, N = scored positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def _pad(
+    seqs: Sequence[Sequence[int | float]], value: int | float, dtype: torch.dtype, device: Any
+) -> Tensor:
+    if len(seqs) == 0:
+        raise ValueError("cannot pad an empty list of sequences")
+    length = max(len(s) for s in seqs)
+    if length == 0:
+        raise ValueError("every sequence is empty; nothing to pad")
+    rows = [list(s) + [value] * (length - len(s)) for s in seqs]
+    return torch.tensor(rows, dtype=dtype, device=device)
+
+
+def pad_ints(seqs: Sequence[Sequence[int]], value: int = 0, device: Any = None) -> Tensor:
+    """Right-pad integer lists into a ``[B, T]`` int64 tensor."""
+    return _pad(seqs, value, torch.long, device)
+
+
+def pad_floats(seqs: Sequence[Sequence[float]], value: float = 0.0, device: Any = None) -> Tensor:
+    """Right-pad float lists into a ``[B, T]`` float32 tensor."""
+    return _pad(seqs, value, torch.float32, device)
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
+    """Right-pad token lists: ``(ids_BT, attn_BT)``, both int64, ``attn`` 1 on real tokens."""
+    ids_BT = pad_ints(seqs, pad_id, device)
+    lengths_B = torch.tensor([len(s) for s in seqs], device=ids_BT.device)
+    attn_BT = (torch.arange(ids_BT.shape[1], device=ids_BT.device)[None, :] < lengths_B[:, None]).long()
+    return ids_BT, attn_BT
+
+
+def _chunk_logprobs(
+    hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, targets_N: Tensor, inv_temp: float
+) -> Tensor:
+    logits_NV = F.linear(hidden_NH, weight_VH, bias_V).float()
+    if inv_temp != 1.0:
+        logits_NV = logits_NV * inv_temp
+    target_N = logits_NV.gather(1, targets_N[:, None]).squeeze(1)
+    return target_N - torch.logsumexp(logits_NV, dim=-1)
+
+
+def _fast_path_parts(model: Any) -> tuple[Any, torch.nn.Linear] | None:
+    """(decoder, lm_head) when logits are exactly ``lm_head(decoder(x).last_hidden_state)``."""
+    config = getattr(model, "config", None)
+    if (
+        config is None
+        or getattr(config, "final_logit_softcapping", None)
+        or getattr(config, "logit_scale", None)
+    ):
+        return None
+    prefix = getattr(model, "base_model_prefix", "")
+    decoder = getattr(model, prefix, None) if prefix else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is None or decoder is model or type(head) is not torch.nn.Linear:
+        return None
+    return decoder, head
+
+
+def _check_inputs(ids_BT: Tensor, attn_BT: Tensor, score_mask_BT: Tensor | None, temperature: float) -> None:
+    if ids_BT.dim() != 2 or ids_BT.numel() == 0:
+        raise ValueError(f"ids must be a non-empty [B, T] tensor, got shape {tuple(ids_BT.shape)}")
+    if attn_BT.shape != ids_BT.shape or (score_mask_BT is not None and score_mask_BT.shape != ids_BT.shape):
+        raise ValueError(f"attention/score masks must have the shape of ids {tuple(ids_BT.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    attn_b = attn_BT.bool()
+    if not bool(attn_b[:, 0].all()) or bool((attn_b[:, 1:] & ~attn_b[:, :-1]).any()):
+        raise ValueError(
+            "batch must be right-padded: each attention row is ones then zeros, starting with a one"
+        )
+
+
+def token_logprobs(
+    model: Any,
+    ids_BT: Tensor,
+    attn_BT: Tensor,
+    *,
+    score_mask_BT: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+) -> Tensor:
+    """``[B, T]`` float32 logprobs of each token given its prefix; 0 where not scored (see module doc)."""
+    _check_inputs(ids_BT, attn_BT, score_mask_BT, temperature)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    sel_BT = attn_BT.bool().clone()
+    sel_BT[:, 0] = False
+    if score_mask_BT is not None:
+        sel_BT &= score_mask_BT.bool()
+    b_N, t_N = sel_BT.nonzero(as_tuple=True)
+    targets_N = ids_BT[b_N, t_N]
+    inv_temp = 1.0 / temperature
+    parts = _fast_path_parts(model)
+    if parts is None:
+        logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).logits
+        logits_NV = logits_BTV[b_N, t_N - 1].float() * inv_temp
+        lp_N = logits_NV.gather(1, targets_N[:, None]).squeeze(1) - torch.logsumexp(logits_NV, dim=-1)
+    else:
+        decoder, head = parts
+        hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state
+        hidden_NH = hidden_BTH[b_N, t_N - 1]
+        use_ckpt = torch.is_grad_enabled() and hidden_NH.requires_grad
+        pieces = []
+        for start in range(0, hidden_NH.shape[0], chunk_tokens):
+            args = (
+                hidden_NH[start : start + chunk_tokens],
+                head.weight,
+                head.bias,
+                targets_N[start : start + chunk_tokens],
+            )
+            if use_ckpt:
+                pieces.append(checkpoint(_chunk_logprobs, *args, inv_temp, use_reentrant=False))
+            else:
+                pieces.append(_chunk_logprobs(*args, inv_temp))
+        lp_N = torch.cat(pieces) if pieces else hidden_NH.new_zeros((0,), dtype=torch.float32)
+    out_BT = torch.zeros(ids_BT.shape, dtype=torch.float32, device=ids_BT.device)
+    return out_BT.index_put((b_N, t_N), lp_N.float())

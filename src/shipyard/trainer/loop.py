@@ -1,0 +1,130 @@
+"""The trainer process: consume rollouts as they arrive, step, checkpoint, publish the next version.
+
+Contract, per step ``s`` (1-based; version ``s`` is the weights after step ``s``, version 0 the
+base model):
+1. take ``groups_per_step`` groups from ``rollouts/`` (dropping and counting stale ones),
+2. GRPO advantages per group, one optimizer step (:func:`train_step`),
+3. save a resumable checkpoint (weights, optimizer, consumed group ids) — before publishing,
+4. publish version ``s`` (snapshot + manifest + LATEST), log metrics.
+A restart loads the newest complete checkpoint and re-publishes its version if the crash came
+between 3 and 4, so no published version is lost and no group is trained on twice. At the end it
+writes ``control/finished`` so rollout workers stop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.metrics.logger import MetricsLogger
+from shipyard.rollout.worker import FINISHED_KEY
+from shipyard.store.types import Store
+from shipyard.trainer.feed import RolloutFeed, Taken
+from shipyard.weights.snapshot import WeightPublisher, named_params
+
+
+def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from shipyard.models.loading import load_model
+    from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
+    from shipyard.trainer.step import make_optimizer, train_step
+
+    torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_model(cfg.model)
+    model.train()
+    optimizer = make_optimizer(model, cfg.trainer)
+    ckpt_root = run_dir / "checkpoints"
+    state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
+    publisher = WeightPublisher(store)
+    if not publisher.has(state["step"]):
+        publisher.publish(state["step"], named_params(model))
+    feed = RolloutFeed(store, consumed=set(state["consumed"]))
+    logger = MetricsLogger(run_dir)
+    t_start = time.time()
+    for step in range(state["step"] + 1, cfg.trainer.steps + 1):
+        t0 = time.time()
+        taken = feed.take(
+            cfg.trainer.groups_per_step,
+            step - 1,
+            cfg.trainer.max_off_policy_steps,
+            cfg.trainer.wait_timeout_s,
+        )
+        trajs, advs = _samples(taken, cfg.trainer.scale_adv_std)
+        t1 = time.time()
+        stats = train_step(
+            model, optimizer, trajs, advs, cfg.trainer, tok.pad_token_id, temperature=cfg.sampling.temperature
+        )
+        state = {"step": step, "consumed": sorted(feed.consumed), "idle_s": state["idle_s"] + taken.wait_s}
+        save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
+        manifest = publisher.publish(step, named_params(model))
+        t2 = time.time()
+        logger.log(
+            step,
+            {
+                "kind": "train",
+                **_named(stats),
+                **_rollout_metrics(taken, trajs),
+                **_timing(t0, t1, t2, t_start),
+            },
+        )
+        logger.log(
+            step,
+            {
+                "kind": "consumed",
+                "groups": [g[0].group_id for g in taken.groups],
+                "digest": manifest.state_digest,
+            },
+        )
+    store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
+    logger.close()
+    return {"final_version": cfg.trainer.steps, "idle_s": state["idle_s"], "seconds": time.time() - t_start}
+
+
+def _samples(taken: Taken, scale_std: bool) -> tuple[list[Any], list[float]]:
+    import torch
+
+    from shipyard.trainer.loss import group_advantages
+
+    trajs, advs = [], []
+    for group in taken.groups:
+        rewards_G = torch.tensor([t.reward for t in group], dtype=torch.float32)
+        trajs += group
+        advs += group_advantages(rewards_G, scale_std=scale_std).tolist()
+    return trajs, advs
+
+
+_MISMATCH = ("k1", "k3", "mean_rho", "max_abs_dp", "tis_trunc_frac")
+
+
+def _named(stats: dict[str, float]) -> dict[str, float]:
+    return {(f"mismatch/{k}" if k in _MISMATCH else f"train/{k}"): v for k, v in stats.items()}
+
+
+def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
+    rewards = [t.reward for t in trajs]
+    n = max(len(trajs), 1)
+    return {
+        "reward/mean": sum(rewards) / n,
+        "reward/solved_frac": sum(r >= 1.0 for r in rewards) / n,
+        "staleness/mean": sum(taken.staleness) / max(len(taken.staleness), 1),
+        "staleness/max": float(max(taken.staleness, default=0)),
+        "rollout/dropped_stale": float(taken.dropped_stale),
+        "rollout/dropped_errors": float(taken.dropped_errors),
+        "rollout/samples": float(len(trajs)),
+        "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
+        "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
+    }
+
+
+def _timing(t0: float, t1: float, t2: float, t_start: float) -> dict[str, float]:
+    return {
+        "time/wait_s": t1 - t0,
+        "time/train_s": t2 - t1,
+        "time/step_s": t2 - t0,
+        "time/elapsed_s": t2 - t_start,
+    }

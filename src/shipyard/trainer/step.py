@@ -1,0 +1,136 @@
+"""One GRPO optimizer step over a batch of trajectories, with micro-batched gradient accumulation.
+
+Contract of :func:`train_step`:
+- Exactly one ``optimizer.step()`` over all given trajectories (unless the gradient norm is not
+  finite: then the step is skipped, gradients are dropped and ``skipped`` is 1.0).
+- Position ``t`` of a trajectory is trained iff ``loss_mask[t] == 1``; ``loss_mask[0]`` must be
+  0 (the first token has no context). ``Trajectory.logprobs`` are the sampler's μ.
+- The loss is the token mean over the WHOLE step: every micro-batch loss is divided by the total
+  number of loss tokens of all trajectories (including those with zero advantage), so
+  micro-batch size changes only float rounding, not the gradient.
+- π_old is the detached current logprob: this trainer does one optimizer step per batch, so
+  π_old equals π_θ in value and the PPO ratio r_t is 1 (clip inactive, gradient = -w A / N).
+  The ratio/clip path is still the general one, so multi-epoch training only has to pass a
+  π_old recomputed before the first epoch. ρ_t = π_old/μ measures sampler/trainer mismatch.
+- Sequences with zero advantage give no gradient but are scored for the mismatch metrics; a
+  micro-batch of only such sequences runs without autograd.
+- Gradients are clipped to ``cfg.grad_clip``; ``grad_norm`` is the norm before clipping.
+- Returns floats: loss, grad_norm, k1, k3, mean_rho, max_abs_dp, clip_frac, tis_trunc_frac,
+  num_tokens, num_seqs, mean_adv_abs, skipped. No entropy is computed (entropy-free).
+Limits: the caller picks the model's train/eval mode (dropout should be 0 so π matches the
+sampler); sequences are micro-batched in the given order (no length bucketing).
+
+Shape legend: B = sequences in a micro-batch, T = padded length.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from shipyard.agent.types import Trajectory
+from shipyard.config.schema import TrainerConfig
+from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
+from shipyard.trainer.loss import MetricAccumulator, grpo_loss
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; weight decay only on matrices (not norms/biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def _check_batch(trajectories: list[Trajectory], advantages: list[float]) -> int:
+    """Validate the batch; returns the number of loss tokens of the whole step."""
+    if not trajectories:
+        raise ValueError("train_step needs at least one trajectory")
+    if len(advantages) != len(trajectories):
+        raise ValueError(f"{len(advantages)} advantages for {len(trajectories)} trajectories")
+    if not all(math.isfinite(a) for a in advantages):
+        raise ValueError(f"advantages must be finite, got {advantages}")
+    for traj in trajectories:
+        if traj.loss_mask and traj.loss_mask[0] == 1:
+            raise ValueError(
+                f"trajectory {traj.group_id}/{traj.sample_idx}: loss_mask[0] = 1, but token 0 has no context"
+            )
+    num_tokens = sum(sum(1 for m in t.loss_mask if m == 1) for t in trajectories)
+    if num_tokens == 0:
+        raise ValueError("no trajectory in the batch has a loss token (loss_mask all zero); nothing to train")
+    return num_tokens
+
+
+def _micro_batch_loss(
+    model: Any,
+    chunk: list[Trajectory],
+    adv_B: Tensor,
+    cfg: TrainerConfig,
+    pad_id: int,
+    num_tokens: int,
+    temperature: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    device = adv_B.device
+    ids_BT, attn_BT = pad_batch([t.token_ids for t in chunk], pad_id, device)
+    mask_BT = pad_ints([t.loss_mask for t in chunk], 0, device) == 1
+    infer_BT = pad_floats([t.logprobs for t in chunk], 0.0, device)
+    logprobs_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT, temperature=temperature)
+    old_BT = logprobs_BT.detach()  # π_old == π_θ in value: one optimizer step per batch
+    return grpo_loss(
+        logprobs_BT,
+        old_BT,
+        infer_BT,
+        adv_B,
+        mask_BT,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        tis_cap=cfg.tis_cap,
+        num_tokens=num_tokens,
+    )
+
+
+def train_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    trajectories: list[Trajectory],
+    advantages: list[float],
+    cfg: TrainerConfig,
+    pad_id: int,
+    *,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """One optimizer step over ``trajectories`` (see module doc); returns float metrics."""
+    num_tokens = _check_batch(trajectories, advantages)
+    device = next(model.parameters()).device
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optimizer.zero_grad(set_to_none=True)
+    acc = MetricAccumulator()
+    for start in range(0, len(trajectories), cfg.micro_batch):
+        chunk = trajectories[start : start + cfg.micro_batch]
+        adv_B = torch.tensor(advantages[start : start + cfg.micro_batch], dtype=torch.float32, device=device)
+        needs_grad = bool((adv_B != 0).any())
+        with torch.set_grad_enabled(needs_grad):
+            loss, metrics = _micro_batch_loss(model, chunk, adv_B, cfg, pad_id, num_tokens, temperature)
+        if needs_grad and loss.requires_grad:
+            loss.backward()
+        acc.add(metrics)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if params else torch.zeros(())
+    grad_norm_f = float(grad_norm)
+    skipped = not math.isfinite(grad_norm_f)
+    if not skipped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    out = acc.result()
+    out.update(
+        grad_norm=grad_norm_f,
+        num_seqs=float(len(trajectories)),
+        mean_adv_abs=sum(abs(a) for a in advantages) / len(advantages),
+        skipped=float(skipped),
+    )
+    return out

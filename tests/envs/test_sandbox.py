@@ -1,0 +1,217 @@
+"""BwrapSandbox: persistence, isolation (filesystem, network, host paths), limits and cleanup.
+
+Every test runs real bubblewrap sandboxes; the module is skipped (with the install hint) where
+bwrap cannot run. Network checks use only 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shipyard.config.schema import SandboxConfig
+from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, sandbox_available
+
+pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sb() -> Iterator[BwrapSandbox]:
+    with BwrapSandbox(
+        {"hello.txt": "hi\n"}, SandboxConfig(timeout_s=10, memory_mb=256, max_processes=32)
+    ) as box:
+        yield box
+
+
+def test_files_persist_across_exec_calls(sb: BwrapSandbox) -> None:
+    assert sb.exec("cat hello.txt").stdout == "hi\n"
+    res = sb.exec("pwd && mkdir -p pkg && echo 'x = 41' > pkg/mod.py")
+    assert res.returncode == 0 and res.stdout.strip() == "/workspace"
+    res = sb.exec("python -c 'import pkg.mod as m; print(m.x + 1)'")
+    assert (res.returncode, res.stdout) == (0, "42\n"), res.stderr
+    sb.write("solution.py", "def f():\n    return 7\n")
+    assert sb.exec("python -c 'from solution import f; print(f())'").stdout == "7\n"
+    assert sb.read("pkg/mod.py") == "x = 41\n"
+
+
+def test_files_lists_text_only(sb: BwrapSandbox) -> None:
+    script = (
+        "mkdir -p __pycache__ .pytest_cache && echo c > __pycache__/a.txt && echo c > .pytest_cache/b && "
+        "printf 'a\\000b' > bin.dat && head -c 1100000 /dev/zero | tr '\\0' a > big.txt && "
+        "ln -s /etc/passwd leak && echo ok > sub.txt"
+    )
+    assert sb.exec(script).returncode == 0
+    assert sb.files() == {"hello.txt": "hi\n", "sub.txt": "ok\n"}
+
+
+def test_python_and_pytest_run_inside(sb: BwrapSandbox) -> None:
+    sb.write("test_x.py", "from solution import f\n\ndef test_f():\n    assert f() == 1\n")
+    sb.write("solution.py", "def f():\n    return 1\n")
+    res = sb.exec("python -m pytest -q test_x.py")
+    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout + res.stderr
+    env = sb.exec("env").stdout
+    assert "HOME=/workspace" in env and "PYTHONHASHSEED=0" in env and "PYTHONDONTWRITEBYTECODE=1" in env
+
+
+@pytest.mark.parametrize("target", ["/etc/shipyard-x", "/usr/shipyard-x", "/root/shipyard-x", "/shipyard-x"])
+def test_writes_outside_workspace_fail(sb: BwrapSandbox, target: str) -> None:
+    res = sb.exec(f"echo pwned > {target}")
+    assert res.returncode != 0 and "Read-only file system" in res.stderr
+    assert not os.path.exists(target)
+
+
+def test_host_python_and_repo_are_read_only_or_absent(sb: BwrapSandbox) -> None:
+    for path in (sys.prefix, sys.base_prefix):
+        marker = os.path.join(path, f"shipyard-{uuid.uuid4().hex}")
+        assert sb.exec(f"touch {marker}").returncode != 0
+        assert not os.path.exists(marker)
+    assert sb.exec(f"test -e {REPO / 'pyproject.toml'}").returncode != 0  # the repo is not mounted
+    assert sb.exec(f"touch {REPO / 'shipyard-x'}").returncode != 0
+    assert not (REPO / "shipyard-x").exists()
+
+
+def test_tmp_is_private(sb: BwrapSandbox) -> None:
+    name = f"/tmp/shipyard-{uuid.uuid4().hex}"
+    assert sb.exec(f"echo x > {name} && cat {name}").stdout == "x\n"
+    assert not os.path.exists(name)
+
+
+def _pending_connection(srv: socket.socket) -> bool:
+    """Whether a client completed a TCP handshake with ``srv`` (the kernel queues it un-accepted)."""
+    srv.setblocking(False)
+    try:
+        conn, _ = srv.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+def test_no_network_to_host_loopback() -> None:
+    connect = "python -c \"import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2)\""
+    for network in (False, True):  # network=True is the positive control: the same client connects
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(4)
+            with BwrapSandbox(None, SandboxConfig(timeout_s=10), network=network) as box:
+                res = box.exec(f"{connect} {srv.getsockname()[1]}")
+            assert (res.returncode == 0) is network, res.stderr
+            assert _pending_connection(srv) is network
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_wall_timeout_kills_process_tree(sb: BwrapSandbox) -> None:
+    marker = f"100.{uuid.uuid4().int % 10**6:06d}"
+    res = sb.exec(f"sleep {marker} & sh -c 'sleep {marker}; true' & sleep {marker}", timeout_s=1)
+    assert res.timed_out and res.returncode != 0
+    assert res.duration_s < 5
+    deadline = time.monotonic() + 3
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pids_with(marker) == []
+
+
+def test_background_jobs_end_with_their_exec(sb: BwrapSandbox) -> None:
+    marker = f"100.{uuid.uuid4().int % 10**6:06d}"
+    res = sb.exec(f"(sleep {marker} &) ; echo started")
+    assert res.stdout == "started\n" and not res.timed_out
+    deadline = time.monotonic() + 3
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pids_with(marker) == []
+
+
+def test_memory_bomb_is_stopped() -> None:
+    bomb = "python -c 'a = []\nwhile True: a.append(bytearray(8 * 2**20))'"
+    with BwrapSandbox(None, SandboxConfig(timeout_s=20, memory_mb=128)) as box:
+        res = box.exec(bomb)
+    assert res.returncode != 0 and not res.timed_out
+    assert "MemoryError" in res.stderr
+
+
+def test_process_limit(sb: BwrapSandbox) -> None:
+    fork = (
+        "import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
+        "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)\n"
+    )
+    sb.write("fork.py", fork)
+    res = sb.exec("python fork.py; ulimit -u 2>/dev/null || ulimit -p")
+    forked, nproc = (int(x) for x in res.stdout.split())
+    assert nproc == 32  # RLIMIT_NPROC is set inside in every mode
+    if sb.process_limit == "none":
+        pytest.skip("running as root without a writable pids cgroup: no process limit is enforced here")
+    assert forked < 32
+
+
+def test_output_is_capped_and_stdin_is_fed(sb: BwrapSandbox) -> None:
+    res = sb.exec("yes | head -c 500000")
+    assert len(res.stdout) < OUTPUT_CAP + 200 and "bytes truncated" in res.stdout
+    assert res.stdout.startswith("y\ny\n") and res.stdout.endswith("y\n")
+    assert sb.exec("cat", stdin="line from stdin\n").stdout == "line from stdin\n"
+    assert sb.exec("exit 3").returncode == 3
+
+
+def test_command_outliving_its_output_is_awaited_then_timed_out(sb: BwrapSandbox) -> None:
+    res = sb.exec("exec >&- 2>&-; sleep 0.5; echo x > late.txt", timeout_s=5)
+    assert res.returncode == 0 and not res.timed_out and sb.read("late.txt") == "x\n"
+    res = sb.exec("exec >&- 2>&-; sleep 100", timeout_s=1)
+    assert res.timed_out and res.duration_s < 5
+
+
+def test_extra_binds_are_validated(tmp_path: Path) -> None:
+    for inside in ("relative", "/usr/x", "/workspace/x", "/"):
+        with pytest.raises(ValueError, match="binds"):
+            BwrapSandbox(None, binds={str(tmp_path): inside})
+    with BwrapSandbox(None, binds={str(tmp_path): "/results"}) as box:
+        assert box.exec("echo r > /results/out.txt").returncode == 0
+    assert (tmp_path / "out.txt").read_text() == "r\n"
+
+
+def test_host_side_paths_cannot_escape(sb: BwrapSandbox) -> None:
+    for bad in ("../escape.txt", "/etc/passwd", "a/../../x", ""):
+        with pytest.raises(ValueError):
+            sb.write(bad, "x")
+    assert sb.exec("ln -s /etc escape && ln -s /etc/hostname leak").returncode == 0
+    with pytest.raises(ValueError, match="symlink"):
+        sb.write("escape/shipyard-x", "x")
+    with pytest.raises(ValueError, match="symlink"):
+        sb.read("leak")
+    assert not os.path.exists("/etc/shipyard-x")
+    with pytest.raises(ValueError, match="timeout_s"):
+        sb.exec("true", timeout_s=0)
+
+
+def test_close_removes_workspace() -> None:
+    box = BwrapSandbox({"a.txt": "a"})
+    root = box.root
+    assert os.path.isdir(root)
+    box.close()
+    box.close()
+    assert not os.path.exists(root)
+    with pytest.raises(RuntimeError, match="closed"):
+        box.exec("true")
+
+
+def test_sandbox_available_here() -> None:
+    assert sandbox_available() is None

@@ -1,0 +1,57 @@
+"""Trainer's rollout feed: arrival order, staleness drops, crashed sessions, no double use."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from shipyard.agent.types import Trajectory
+from shipyard.rollout.types import RolloutBatch
+from shipyard.store import LocalStore
+from shipyard.trainer.feed import RolloutFeed
+
+
+def _traj(gid: str, i: int, version: int, error: str | None = None, reward: float = 0.5) -> Trajectory:
+    return Trajectory("t", gid, i, [1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.7], [-1, -1, version, version],
+                      prompt_len=2, reward=reward, error=error)
+
+
+def _batch(store: LocalStore, name: str, groups: dict[str, int], errors: int = 0) -> None:
+    trajs = []
+    for gid, v in groups.items():
+        trajs += [_traj(gid, i, v, error="boom" if i < errors else None) for i in range(4)]
+    b = RolloutBatch(batch_id=name, worker_id="w0", created_at=time.time(), trajectories=trajs)
+    store.put(b.key(), b.to_bytes())
+
+
+def test_batch_roundtrip_is_exact(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _batch(store, "w0/00000000", {"g0": 3})
+    b = RolloutBatch.from_bytes(store.get("rollouts/w0/00000000.json.gz"))
+    assert b.trajectories[1] == _traj("g0", 1, 3)
+
+
+def test_take_in_order_and_drop_stale_and_errors(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _batch(store, "w0/00000000", {"old": 0, "g1": 4})
+    _batch(store, "w0/00000001", {"crashy": 5}, errors=3)
+    _batch(store, "w0/00000002", {"g2": 5, "bad": 5})
+    feed = RolloutFeed(store)
+    taken = feed.take(2, current_version=5, max_off_policy_steps=2, timeout_s=5)
+    assert [g[0].group_id for g in taken.groups] == ["g1", "g2"]
+    assert taken.dropped_stale == 4 and taken.dropped_errors == 4 and taken.staleness == [1, 0]
+    taken = feed.take(1, current_version=5, max_off_policy_steps=2, timeout_s=5)
+    assert [g[0].group_id for g in taken.groups] == ["bad"]
+    with pytest.raises(TimeoutError, match="rollouts/"):
+        feed.take(1, current_version=5, max_off_policy_steps=2, timeout_s=0.5)
+    assert {"old", "g1", "crashy", "g2", "bad"} == feed.consumed
+
+
+def test_restarted_feed_skips_consumed_groups(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _batch(store, "w0/00000000", {"a": 1, "b": 1})
+    feed = RolloutFeed(store)
+    feed.take(1, current_version=1, max_off_policy_steps=0, timeout_s=5)
+    again = RolloutFeed(store, consumed=feed.consumed)
+    taken = again.take(1, current_version=1, max_off_policy_steps=0, timeout_s=5)
+    assert [g[0].group_id for g in taken.groups] == ["b"]
