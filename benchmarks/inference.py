@@ -64,11 +64,15 @@ def chat_prompts(tok: Any, batch: int) -> list[list[int]]:
     out = []
     for i in range(batch):
         messages = [{"role": "user", "content": TASKS[i % len(TASKS)]}]
-        out.append(list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]))
+        out.append(
+            list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+        )
     return out
 
 
-def run_engine(engine: EmbeddedEngine, prompts: list[list[int]], params: SamplingParams, seed: int) -> tuple[int, float, int]:
+def run_engine(
+    engine: EmbeddedEngine, prompts: list[list[int]], params: SamplingParams, seed: int
+) -> tuple[int, float, int]:
     """(generated tokens, wall seconds, rows ended by EOS) of one engine batch."""
     reqs = [
         GenerateRequest(p, SamplingParams(params.temperature, params.top_p, params.max_tokens, [], seed + i))
@@ -117,7 +121,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="batch 4, 32 tokens, one round (< 1 minute)")
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     ap.add_argument("--batch", type=int, default=None, help="sequences per batch (default 16, quick 4)")
-    ap.add_argument("--max-tokens", type=int, default=None, help="tokens per sequence (default 256, quick 32)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per sequence (default 256, quick 32)"
+    )
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
@@ -148,7 +154,9 @@ def main() -> None:
     best = {k: max(v, key=lambda x: x[0] / x[1]) for k, v in rounds.items()}
     tps = {k: v[0] / v[1] for k, v in best.items()}
 
-    table = Table(title=f"Batched sampling, {args.model}, batch {batch}, max_tokens {max_tokens}, {args.threads} threads")
+    table = Table(
+        title=f"Batched sampling, {args.model}, batch {batch}, max_tokens {max_tokens}, {args.threads} threads"
+    )
     for col in ("system", "tokens", "wall s", "tokens/s", "rows ended by EOS", "rounds (tokens/s)"):
         table.add_column(col, justify="right" if col != "system" else "left")
     for key, label in (("engine", "shipyard EmbeddedEngine"), ("hf", "transformers generate")):
@@ -172,7 +180,10 @@ def main() -> None:
         "threads": args.threads,
         "repeats": repeats,
         "quick": args.quick,
-        "rounds": {k: [{"tokens": t, "wall_s": round(w, 3), "eos_rows": e} for t, w, e in v] for k, v in rounds.items()},
+        "rounds": {
+            k: [{"tokens": t, "wall_s": round(w, 3), "eos_rows": e} for t, w, e in v]
+            for k, v in rounds.items()
+        },
         "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
         f"torch {torch.__version__}, python {platform.python_version()}",
     }

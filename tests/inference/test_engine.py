@@ -26,7 +26,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine import EmbeddedEngine, sample_tokens
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 
@@ -295,6 +295,7 @@ def test_stage_and_apply_when_idle(dense: tuple[Any, Any]) -> None:
         GenerateRequest([1], SamplingParams(top_p=0.0)),
         GenerateRequest([1], SamplingParams(max_tokens=0)),
         GenerateRequest([1], SamplingParams(stop=[""])),
+        GenerateRequest([1], SamplingParams(seed=2**64)),
     ],
 )
 def test_malformed_requests_raise(dense: tuple[Any, Any], req: GenerateRequest) -> None:
@@ -321,3 +322,26 @@ def test_smollm2_greedy_matches_hf_generate() -> None:
     hf = _hf_greedy(model, prompts, 12, sorted(engine.eos_ids), engine.pad_id)
     assert [r.token_ids for r in results] == hf
     assert "def" in tok.decode(results[0].token_ids) or "python" in tok.decode(results[0].token_ids).lower()
+
+
+@pytest.mark.parametrize("vocab", [8, 3000])
+def test_sampler_frequencies_and_nucleus(vocab: int) -> None:
+    probs_V = torch.full((vocab,), 0.05 / (vocab - 4))
+    probs_V[:4] = torch.tensor([0.45, 0.3, 0.15, 0.05])
+    if vocab > 1024:
+        probs_V = torch.full((vocab,), 0.5 / (vocab - 1))
+        probs_V[0] = 0.5
+    logits_BV = probs_V.log().expand(4000, vocab).clone()
+    gens = [torch.Generator().manual_seed(i) for i in range(4000)]
+    top_p = 0.7 if vocab < 1024 else 0.75
+    tokens_B, logprobs_B = sample_tokens(logits_BV, torch.ones(4000), torch.full((4000,), top_p), gens)
+    assert torch.allclose(logprobs_B, probs_V.log()[tokens_B], atol=1e-5)
+    if vocab < 1024:
+        assert set(tokens_B.tolist()) == {0, 1}
+        assert abs(float((tokens_B == 0).float().mean()) - 0.45 / 0.75) < 0.03
+    else:
+        kept = int(0.25 / float(probs_V[1])) + 1
+        assert abs(float((tokens_B == 0).float().mean()) - 0.5 / (0.5 + kept * float(probs_V[1]))) < 0.03
+        assert len(set(tokens_B.tolist())) > 100
+    plain_B, _ = sample_tokens(logits_BV[:2000], torch.ones(2000), torch.ones(2000), gens[:2000])
+    assert abs(float((plain_B == 0).float().mean()) - float(probs_V[0])) < 0.035

@@ -151,6 +151,7 @@ def _play(
             temperature=spec.sampling.temperature,
             top_p=spec.sampling.top_p,
             max_tokens=min(spec.sampling.max_tokens, budget),
+            stop=list(spec.sampling.stop),
             seed=session_seed(gid, idx, turn, spec.seed),
         )
         [res] = spec.client.generate([GenerateRequest(prompt_ids=list(rec.ids), params=params)])

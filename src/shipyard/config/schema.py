@@ -44,6 +44,9 @@ class SamplingConfig(_Section):
     """Nucleus sampling mass."""
     max_tokens: int = Field(256, ge=1)
     """Most tokens sampled in one assistant turn."""
+    stop: list[str] = []
+    """Stop strings ending a turn (the token completing one is kept), e.g. "\n```\n" to end a turn at
+    the close of its first code block instead of paying for the prose after it."""
 
 
 class InferenceConfig(_Section):
@@ -89,7 +92,7 @@ class TasksConfig(_Section):
     heldout_frac: float = Field(0.25, gt=0, lt=1)
     """Fraction of generated tasks held out for evaluation."""
     max_difficulty: int = Field(5, ge=1, le=5)
-    """Highest difficulty level (1-5) used for training tasks."""
+    """Highest difficulty level (1-5) of the run's tasks, training and held-out alike."""
 
 
 class RolloutConfig(_Section):
@@ -127,6 +130,12 @@ class TrainerConfig(_Section):
     """Divide group advantages by the group's reward std (GRPO); false gives Dr.GRPO's unscaled form."""
     tis_cap: float = Field(2.0, ge=1.0)
     """Truncated importance sampling cap C on pi_old / mu."""
+    train_layers: int = Field(0, ge=0)
+    """Train only the top N decoder blocks and the final norm (0 = all parameters). Lower blocks get
+    no backward pass; a CPU budget knob. Published versions always hold every parameter."""
+    bf16_decoder: bool = False
+    """Run the trainer's decoder forward/backward under bf16 autocast (fp32 master weights, fp32 LM
+    head and logprobs). Faster on CPUs with bf16 units; adds sampler/trainer mismatch (logged)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward micro-batch."""
     keep_checkpoints: int = Field(2, ge=1)

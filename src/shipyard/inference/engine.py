@@ -69,6 +69,10 @@ class _Row:
     finish: FinishReason | None = None
 
 
+NUCLEUS_TOPK = 1024
+"""Top-p rows look for their nucleus among this many most likely tokens before sorting the vocabulary."""
+
+
 def sample_tokens(
     logits_BV: torch.Tensor, temps_B: torch.Tensor, top_p_B: torch.Tensor, generators: list[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,22 +92,40 @@ def sample_tokens(
     if sampling:
         u_S = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampling])
         rows_S = torch.tensor(sampling, dtype=torch.long)
-        probs_SV = logp_BV[rows_S].double().exp()
-        nucleus_S = top_p_B[rows_S] < 1.0
-        order_SV = torch.arange(probs_SV.shape[1]).expand_as(probs_SV).clone()
-        if bool(nucleus_S.any()):
-            sorted_NV, order_NV = probs_SV[nucleus_S].sort(dim=-1, descending=True, stable=True)
-            cum_NV = sorted_NV.cumsum(dim=-1)
-            keep_NV = (cum_NV - sorted_NV) < top_p_B[rows_S][nucleus_S, None].double()
-            probs_SV[nucleus_S] = sorted_NV * keep_NV
-            order_SV[nucleus_S] = order_NV
-        cdf_SV = probs_SV.cumsum(dim=-1)
-        total_S = cdf_SV[:, -1]
-        target_S = torch.minimum(u_S * total_S, torch.nextafter(total_S, torch.zeros_like(total_S)))
-        pos_S = torch.searchsorted(cdf_SV, target_S[:, None], right=True).squeeze(1)
-        tokens_B[rows_S] = order_SV.gather(1, pos_S[:, None]).squeeze(1)
+        tokens_B[rows_S] = _draw(logp_BV[rows_S].exp(), top_p_B[rows_S].double(), u_S)
     logprobs_B = logp_BV.gather(1, tokens_B[:, None]).squeeze(1)
     return tokens_B, logprobs_B
+
+
+def _draw(probs_SV: torch.Tensor, top_p_S: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row: vocabulary order for top_p = 1, else over the sorted nucleus."""
+    tokens_S = torch.zeros(probs_SV.shape[0], dtype=torch.long)
+    plain = (top_p_S >= 1.0).nonzero().flatten()
+    if len(plain):
+        tokens_S[plain] = _invert_cdf(probs_SV[plain].double(), u_S[plain])
+    nucleus = (top_p_S < 1.0).nonzero().flatten()
+    if not len(nucleus):
+        return tokens_S
+    vals_NK, order_NK = probs_SV[nucleus].topk(min(NUCLEUS_TOPK, probs_SV.shape[1]), dim=-1)
+    wide_N = vals_NK.double().sum(dim=-1) < top_p_S[nucleus]
+    parts = [(nucleus[~wide_N], vals_NK[~wide_N], order_NK[~wide_N])]
+    if bool(wide_N.any()):
+        parts.append((nucleus[wide_N], *probs_SV[nucleus[wide_N]].sort(dim=-1, descending=True, stable=True)))
+    for rows_R, vals_RK, order_RK in parts:
+        if len(rows_R):
+            vals_RK = vals_RK.double()
+            keep_RK = (vals_RK.cumsum(dim=-1) - vals_RK) < top_p_S[rows_R, None]
+            pos_R = _invert_cdf(vals_RK * keep_RK, u_S[rows_R])
+            tokens_S[rows_R] = order_RK.gather(1, pos_R[:, None]).squeeze(1)
+    return tokens_S
+
+
+def _invert_cdf(weights_SK: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
+    """Index k with cdf[k-1] <= u * total < cdf[k]; never a zero-weight index."""
+    cdf_SK = weights_SK.cumsum(dim=-1)
+    total_S = cdf_SK[:, -1]
+    target_S = torch.minimum(u_S * total_S, torch.nextafter(total_S, torch.zeros_like(total_S)))
+    return torch.searchsorted(cdf_SK, target_S[:, None], right=True).squeeze(1)
 
 
 class _Batch:
@@ -222,9 +244,13 @@ class EmbeddedEngine:
                 return False
             version, tensors_P = pending
             t0 = time.perf_counter()
+            written: set[int] = set()
             with torch.no_grad():
                 for name, tensor_P in tensors_P.items():
-                    self._targets[name].data.copy_(tensor_P)
+                    target_P = self._targets[name]
+                    if target_P.data_ptr() not in written:
+                        target_P.data.copy_(tensor_P)
+                        written.add(target_P.data_ptr())
             self.version = version
             self.pauses.append(time.perf_counter() - t0)
             return True
@@ -259,8 +285,8 @@ class EmbeddedEngine:
                 raise ValueError(f"request {i}: max_tokens={p.max_tokens!r} must be an int >= 1")
             if not isinstance(p.stop, list) or any(not isinstance(s, str) or not s for s in p.stop):
                 raise ValueError(f"request {i}: stop must be a list of non-empty strings")
-            if p.seed is not None and not isinstance(p.seed, int):
-                raise ValueError(f"request {i}: seed={p.seed!r} must be an int or None")
+            if p.seed is not None and not (isinstance(p.seed, int) and -(2**63) <= p.seed < 2**64):
+                raise ValueError(f"request {i}: seed={p.seed!r} must be a 64-bit int or None")
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Sample every request (chunks of ``max_batch``); results are in request order."""
@@ -273,9 +299,9 @@ class EmbeddedEngine:
                     for i, r in enumerate(requests[start : start + self.max_batch])
                 ]
                 self._run_chunk(rows, requests)
-                results.extend(
-                    GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish or "length") for r in rows
-                )
+                for r in rows:
+                    assert r.finish is not None, "a chunk returns only when every row has finished"
+                    results.append(GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish))
         return results
 
     def _new_row(self, index: int, req: GenerateRequest) -> _Row:
@@ -316,7 +342,6 @@ class EmbeddedEngine:
             attn_BT[b, width - len(prompt) :] = 1
         pos_BT = (attn_BT.cumsum(dim=1) - 1).masked_fill(attn_BT == 0, 0)
         cache = DynamicCache(config=self.model.config)
-        batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         out = self.model(
             input_ids=ids_BT.to(self.device),
             attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
@@ -325,6 +350,7 @@ class EmbeddedEngine:
             use_cache=True,
             logits_to_keep=1,
         )
+        batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         return batch, out.logits[:, -1, :].float().cpu()
 
     def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:

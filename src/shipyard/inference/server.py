@@ -48,6 +48,10 @@ from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingPa
 _Item = tuple[list[GenerateRequest], "Future[list[GenerateResult]]"]
 
 
+class SchedulerClosed(RuntimeError):
+    """The scheduler was closed before (or instead of) running a request."""
+
+
 class BatchScheduler:
     """Turns concurrent ``submit`` calls into batched ``engine.generate`` calls on one worker thread."""
 
@@ -70,7 +74,7 @@ class BatchScheduler:
         """Start the worker thread (idempotent)."""
         with self._cond:
             if self._closed:
-                raise RuntimeError("the scheduler is closed")
+                raise SchedulerClosed("the scheduler is closed")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="shipyard-batcher", daemon=True)
                 self._thread.start()
@@ -86,7 +90,7 @@ class BatchScheduler:
         self.start()
         with self._cond:
             if self._closed:
-                raise RuntimeError("the scheduler is closed")
+                raise SchedulerClosed("the scheduler is closed")
             self._queue.append((requests, fut))
             self._cond.notify_all()
         return fut
@@ -96,7 +100,7 @@ class BatchScheduler:
         return self.submit(requests).result()
 
     def close(self, timeout_s: float = 600.0) -> None:
-        """Stop the worker after the batch it is running; queued requests fail with RuntimeError."""
+        """Stop the worker after the batch it is running; queued requests fail with SchedulerClosed."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -107,7 +111,7 @@ class BatchScheduler:
             leftover, self._queue = list(self._queue), deque()
         for _reqs, fut in leftover:
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError("inference server shut down before the request ran"))
+                fut.set_exception(SchedulerClosed("inference server shut down before the request ran"))
 
     def _run(self) -> None:
         while True:
@@ -258,11 +262,11 @@ def create_app(
             fut = scheduler.submit(requests)
         except ValueError as e:
             raise HTTPException(status_code=400, detail=str(e)) from e
-        except RuntimeError as e:
+        except SchedulerClosed as e:
             raise HTTPException(status_code=503, detail=str(e)) from e
         try:
             return await asyncio.wrap_future(fut)
-        except RuntimeError as e:
+        except SchedulerClosed as e:
             raise HTTPException(status_code=503, detail=str(e)) from e
         except Exception as e:  # report engine failures to the caller
             raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from e
@@ -327,17 +331,19 @@ class InferenceServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        self._stopped = False
 
     @property
     def url(self) -> str:
         if self._sock is None:
             raise RuntimeError("the server is not started")
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> InferenceServer:
         """Bind, start uvicorn in a thread, and return once it accepts connections."""
-        if self._thread is not None:
-            raise RuntimeError("the server is already started")
+        if self._thread is not None or self._stopped:
+            raise RuntimeError("an InferenceServer starts once (create a new one after stop())")
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -361,6 +367,7 @@ class InferenceServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Shut uvicorn down (after the running batch) and join its thread and the scheduler's."""
+        self._stopped = True
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

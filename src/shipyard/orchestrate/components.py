@@ -19,12 +19,15 @@ from shipyard.store.types import Store
 
 
 def task_splits(cfg: ShipyardConfig) -> tuple[list[Task], list[Task]]:
-    """(training tasks up to ``tasks.max_difficulty``, held-out tasks) of the generated set."""
+    """(training, held-out) tasks of the generated set, both up to ``tasks.max_difficulty``."""
     from shipyard.envs.tasks import generated_tasks, split_tasks
 
-    tasks = generated_tasks(cfg.tasks.num_generated, cfg.tasks.seed)
-    train, heldout = split_tasks(tasks, cfg.tasks.heldout_frac, cfg.tasks.seed)
-    return [t for t in train if t.difficulty <= cfg.tasks.max_difficulty], heldout
+    tasks = [
+        t
+        for t in generated_tasks(cfg.tasks.num_generated, cfg.tasks.seed)
+        if t.difficulty <= cfg.tasks.max_difficulty
+    ]
+    return split_tasks(tasks, cfg.tasks.heldout_frac, cfg.tasks.seed)
 
 
 def _sandbox(files: dict[str, str], cfg: SandboxConfig) -> Sandbox:

@@ -108,6 +108,7 @@ def token_logprobs(
     score_mask_BT: Tensor | None = None,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
+    bf16_decoder: bool = False,
 ) -> Tensor:
     """``[B, T]`` float32 logprobs of each token given its prefix; 0 where not scored (see module doc)."""
     _check_inputs(ids_BT, attn_BT, score_mask_BT, temperature)
@@ -122,13 +123,16 @@ def token_logprobs(
     inv_temp = 1.0 / temperature
     parts = _fast_path_parts(model)
     if parts is None:
+        if bf16_decoder:
+            raise ValueError("bf16_decoder needs a model whose logits are lm_head(decoder(x)); disable it")
         logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).logits
         logits_NV = logits_BTV[b_N, t_N - 1].float() * inv_temp
         lp_N = logits_NV.gather(1, targets_N[:, None]).squeeze(1) - torch.logsumexp(logits_NV, dim=-1)
     else:
         decoder, head = parts
-        hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state
-        hidden_NH = hidden_BTH[b_N, t_N - 1]
+        with torch.autocast(ids_BT.device.type, dtype=torch.bfloat16, enabled=bf16_decoder):
+            hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state
+        hidden_NH = hidden_BTH[b_N, t_N - 1].float()
         use_ckpt = torch.is_grad_enabled() and hidden_NH.requires_grad
         pieces = []
         for start in range(0, hidden_NH.shape[0], chunk_tokens):

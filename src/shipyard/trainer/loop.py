@@ -31,12 +31,13 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
 
     from shipyard.models.loading import load_model
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
-    from shipyard.trainer.step import make_optimizer, train_step
+    from shipyard.trainer.step import freeze_lower_layers, make_optimizer, train_step
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_model(cfg.model)
     model.train()
+    freeze_lower_layers(model, cfg.trainer.train_layers)
     optimizer = make_optimizer(model, cfg.trainer)
     ckpt_root = run_dir / "checkpoints"
     state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}

@@ -37,6 +37,31 @@ from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_log
 from shipyard.trainer.loss import MetricAccumulator, grpo_loss
 
 
+def freeze_lower_layers(model: torch.nn.Module, train_layers: int) -> int:
+    """Train only the top ``train_layers`` decoder blocks and the final norm (0 = train everything).
+
+    Frozen blocks below the lowest trainable one need no backward pass at all, which is what
+    makes a CPU run affordable; the published versions still hold every parameter. Returns the
+    number of trainable parameters.
+    """
+    layers = getattr(getattr(model, getattr(model, "base_model_prefix", ""), None), "layers", None)
+    if train_layers and layers is None:
+        raise ValueError(
+            "trainer.train_layers needs a model with decoder blocks at model.<prefix>.layers; set it to 0"
+        )
+    if train_layers:
+        if train_layers > len(layers):
+            raise ValueError(f"trainer.train_layers={train_layers} exceeds the model's {len(layers)} layers")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        base = getattr(model, model.base_model_prefix)
+        for module in [*layers[-train_layers:], getattr(base, "norm", None)]:
+            if module is not None:
+                for p in module.parameters():
+                    p.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
     """AdamW over the trainable parameters; weight decay only on matrices (not norms/biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -80,7 +105,9 @@ def _micro_batch_loss(
     ids_BT, attn_BT = pad_batch([t.token_ids for t in chunk], pad_id, device)
     mask_BT = pad_ints([t.loss_mask for t in chunk], 0, device) == 1
     infer_BT = pad_floats([t.logprobs for t in chunk], 0.0, device)
-    logprobs_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT, temperature=temperature)
+    logprobs_BT = token_logprobs(
+        model, ids_BT, attn_BT, score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder
+    )
     old_BT = logprobs_BT.detach()  # π_old == π_θ in value: one optimizer step per batch
     return grpo_loss(
         logprobs_BT,
