@@ -8,6 +8,7 @@ arrays, quoted strings) and fall back to bare strings. Derived values live in :f
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -106,4 +107,4 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return json.dumps(str(v))  # JSON string escapes are valid TOML basic-string escapes
