@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
-    ap.add_argument("--cache-dir", default=".cache/shipyard/models")
+    ap.add_argument("--cache-dir", default="~/.cache/shipyard/models")
     ap.add_argument("--out", default="benchmarks/results/inference.json")
     args = ap.parse_args()
     batch = args.batch or (4 if args.quick else 16)

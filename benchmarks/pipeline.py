@@ -68,8 +68,14 @@ def main() -> None:
     for col in ("mode", "samples/s", "sampled tok/s", "trainer idle", "dropped stale", "wall s"):
         table.add_column(col)
     for mode, r in res.items():
-        table.add_row(mode, f"{r['samples_per_s']:.3f}", f"{r['tokens_per_s']:.1f}",
-                      f"{100 * r['trainer_idle_frac']:.0f}%", f"{r['dropped_stale']:.0f}", f"{r['wall_s']:.0f}")
+        table.add_row(
+            mode,
+            f"{r['samples_per_s']:.3f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{100 * r['trainer_idle_frac']:.0f}%",
+            f"{r['dropped_stale']:.0f}",
+            f"{r['wall_s']:.0f}",
+        )
     Console().print(table)
     out = {
         "async_samples_per_s": res["async"]["samples_per_s"],

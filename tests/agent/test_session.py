@@ -25,7 +25,7 @@ TASK = Task(
 
 @pytest.fixture(scope="module")
 def engine_tok():
-    model, tok = load_model(ModelConfig(source="tiny", tiny="dense", cache_dir=str(ROOT / ".cache/shipyard/models")))
+    model, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
     return EmbeddedEngine(model, tok, max_batch=8), tok
 
 
@@ -48,7 +48,9 @@ def test_trajectory_is_token_exact_and_masks_environment(engine_tok) -> None:
     assert traj.error is None and traj.num_turns == 3 and traj.finish == "max_turns"
     n = len(traj.token_ids)
     assert len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions) == n
-    prompt = spec.frame.prompt_ids(f"{TASK.prompt}\n\nReply with the complete solution.py in a ```python block.")
+    prompt = spec.frame.prompt_ids(
+        f"{TASK.prompt}\n\nReply with the complete solution.py in a ```python block."
+    )
     assert traj.token_ids[: traj.prompt_len] == prompt and not any(traj.loss_mask[: traj.prompt_len])
     # sampled spans carry logprobs <= 0 and version 0; environment spans are the reminder, tokenized once
     runs, cur = [], None
@@ -87,8 +89,12 @@ def test_session_budget_and_crash_are_recorded(engine_tok) -> None:
 
 
 def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
-    slow = Task(id="t-slow", prompt="x", entry_point="f",
-                hidden_tests="import time\n\ndef test_slow():\n    time.sleep(60)\n")
+    slow = Task(
+        id="t-slow",
+        prompt="x",
+        entry_point="f",
+        hidden_tests="import time\n\ndef test_slow():\n    time.sleep(60)\n",
+    )
     spec = _spec(engine_tok, max_turns=1)
     spec.grader = lambda task, files: _grade(task, files, SandboxConfig(timeout_s=1.5))
     traj = run_session(spec, slow, "g", 3)

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_shipped_configs_load_and_overrides_apply() -> None:
     for path in sorted((ROOT / "configs").glob("*.toml")):
         load_config(path)
-    cfg = load_config(ROOT / "configs/demo.toml", ["trainer.lr=3e-5", "run.name=x", "trainer.betas=[0.9, 0.95]"])
+    cfg = load_config(
+        ROOT / "configs/demo.toml", ["trainer.lr=3e-5", "run.name=x", "trainer.betas=[0.9, 0.95]"]
+    )
     assert cfg.trainer.lr == 3e-5 and cfg.run.name == "x" and cfg.trainer.betas == (0.9, 0.95)
 
 
@@ -57,7 +59,13 @@ def test_config_and_cli_import_without_torch() -> None:
 
 def test_cli_dry_run_and_error_exit_code() -> None:
     cli = [sys.executable, "-m", "shipyard.cli"]
-    ok = subprocess.run([*cli, "train", str(ROOT / "configs/demo.toml"), "trainer.steps=3", "--dry-run"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [*cli, "train", str(ROOT / "configs/demo.toml"), "trainer.steps=3", "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "steps = 3" in ok.stdout
-    bad = subprocess.run([*cli, "train", str(ROOT / "configs/demo.toml"), "agent.max_turn=3"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [*cli, "train", str(ROOT / "configs/demo.toml"), "agent.max_turn=3"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "agent.max_turn: unknown field" in bad.stderr

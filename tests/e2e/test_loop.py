@@ -20,7 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _overrides(tmp: Path, *extra: str) -> list[str]:
-    return [f'run.output_dir="{tmp}"', f'store.root="{tmp / "store"}"', f'run.results_dir="{tmp / "results"}"', *extra]
+    return [
+        f'run.output_dir="{tmp}"',
+        f'store.root="{tmp / "store"}"',
+        f'run.results_dir="{tmp / "results"}"',
+        *extra,
+    ]
 
 
 def _trajectories(store: LocalStore) -> dict[str, list]:
@@ -53,7 +58,9 @@ def test_async_run_end_to_end(tmp_path: Path) -> None:
         for t in trajs[gid]:
             assert t.error is None and t.reward_info["total"] > 0
             assert all((v >= 0) == bool(m) for v, m in zip(t.versions, t.loss_mask, strict=True))
-            assert t.num_sampled() > 0 and t.token_ids[: t.prompt_len] == trajs[gid][0].token_ids[: t.prompt_len]
+            assert (
+                t.num_sampled() > 0 and t.token_ids[: t.prompt_len] == trajs[gid][0].token_ids[: t.prompt_len]
+            )
     assert (tmp_path / "tiny/reward.png").stat().st_size > 10_000
     assert any((tmp_path / "tiny/tb").iterdir())
 
@@ -64,17 +71,27 @@ def test_sync_mode_samples_each_step_with_the_previous_version(tmp_path: Path) -
     records = read_metrics(tmp_path / "tiny/metrics.jsonl")
     trajs = _trajectories(LocalStore(tmp_path / "store"))
     for step, gids in _consumed(records).items():
-        versions = {v for gid in gids for t in trajs[gid] for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
+        versions = {
+            v for gid in gids for t in trajs[gid] for v, m in zip(t.versions, t.loss_mask, strict=True) if m
+        }
         assert versions == {step - 1}, f"step {step} trained on versions {versions}"
 
 
 @pytest.mark.timeout(600)
 def test_killed_run_resumes_without_losing_versions_or_reusing_rollouts(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "shipyard.cli", "train", str(ROOT / "configs/tiny.toml"), "trainer.steps=6",
-           *_overrides(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shipyard.cli",
+        "train",
+        str(ROOT / "configs/tiny.toml"),
+        "trainer.steps=6",
+        *_overrides(tmp_path),
+    ]
     metrics = tmp_path / "tiny/metrics.jsonl"
-    proc = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while not any(r.get("kind") == "train" and r["step"] >= 2 for r in read_metrics(metrics)):
         assert proc.poll() is None and time.time() < deadline, "first run ended or stalled before step 2"
@@ -83,7 +100,9 @@ def test_killed_run_resumes_without_losing_versions_or_reusing_rollouts(tmp_path
     proc.wait()
     before_kill = {r["step"]: r["digest"] for r in read_metrics(metrics) if r.get("kind") == "consumed"}
     assert max(before_kill) < 6
-    subprocess.run(cmd, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=400)
+    subprocess.run(
+        cmd, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=400
+    )
     records = read_metrics(metrics)
     steps = [r["step"] for r in records if r.get("kind") == "train"]
     assert sorted(set(steps)) == list(range(1, 7)) and len(steps) == len(set(steps)), steps

@@ -19,7 +19,6 @@ def test_ray_placement_runs_the_loop(tmp_path: Path) -> None:
             "trainer.steps=2",
             f'run.output_dir="{tmp_path}"',
             f'store.root="{tmp_path / "store"}"',
-            f'model.cache_dir="{ROOT / ".cache/shipyard/models"}"',
         ],
     )
     summary = train(cfg)

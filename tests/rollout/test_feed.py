@@ -12,8 +12,18 @@ from shipyard.trainer.feed import RolloutFeed
 
 
 def _traj(gid: str, i: int, version: int, error: str | None = None, reward: float = 0.5) -> Trajectory:
-    return Trajectory("t", gid, i, [1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.7], [-1, -1, version, version],
-                      prompt_len=2, reward=reward, error=error)
+    return Trajectory(
+        "t",
+        gid,
+        i,
+        [1, 2, 3, 4],
+        [0, 0, 1, 1],
+        [0.0, 0.0, -0.5, -0.7],
+        [-1, -1, version, version],
+        prompt_len=2,
+        reward=reward,
+        error=error,
+    )
 
 
 def _batch(store: LocalStore, name: str, groups: dict[str, int], errors: int = 0) -> None:

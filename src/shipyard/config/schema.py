@@ -31,8 +31,8 @@ class ModelConfig(_Section):
     """HF-format directory (config.json + safetensors) when `source = "hf"`."""
     tiny: Literal["dense", "moe"] = "dense"
     """Architecture of the tiny random model when `source = "tiny"`: Llama-style dense or Qwen3-MoE."""
-    cache_dir: str = ".cache/shipyard/models"
-    """Where the converted SmolLM2 safetensors directory is cached."""
+    cache_dir: str = "~/.cache/shipyard/models"
+    """Where the converted SmolLM2 safetensors directory is cached (`~` is expanded)."""
     seed: int = 0
     """Seed for the tiny random model's initialisation."""
 

@@ -43,7 +43,7 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_dir(cache_dir: str | Path) -> Path:
     """The cached safetensors directory of SmolLM2-135M-Instruct, converted on first use."""
-    dest = Path(cache_dir) / SMOLLM2_DIRNAME
+    dest = Path(cache_dir).expanduser() / SMOLLM2_DIRNAME
     if (dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file():
         return dest
     gguf = smollm2_gguf_path()

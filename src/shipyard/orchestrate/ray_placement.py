@@ -63,7 +63,7 @@ class RayPlacement:
         # Actors run in other working directories: give them absolute paths.
         self.cfg = cfg.model_copy(deep=True)
         self.cfg.store.root = str(Path(cfg.store.root).resolve())
-        self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).resolve())
+        self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
         if not ray.is_initialized():
             if cfg.run.ray_address:
                 ray.init(address=cfg.run.ray_address, log_to_driver=False)
