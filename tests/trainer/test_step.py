@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shipyard.agent.types import Trajectory
-from shipyard.config.schema import TrainerConfig
+from shipyard.config.schema import LossConfig, TrainerConfig
 from shipyard.models.loading import build_tiny
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.step import make_optimizer, train_step
@@ -104,13 +104,20 @@ def test_token_logprobs_temperature_and_gradient(model: torch.nn.Module) -> None
 
 
 def _param_delta(
-    model: torch.nn.Module, trajs: list[Trajectory], adv: list[float], micro_batch: int
+    model: torch.nn.Module,
+    trajs: list[Trajectory],
+    adv: list[float],
+    micro_batch: int,
+    loss: LossConfig | None = None,
+    ref_model: torch.nn.Module | None = None,
 ) -> tuple[list[torch.Tensor], dict[str, float]]:
     """One SGD(lr=1) step without clipping: the parameter change is exactly minus the gradient."""
     m = copy.deepcopy(model)
     before = [p.detach().clone() for p in m.parameters()]
-    cfg = TrainerConfig(micro_batch=micro_batch, grad_clip=1e9, clip_low=0.2, clip_high=0.28, tis_cap=1.5)
-    metrics = train_step(m, torch.optim.SGD(m.parameters(), lr=1.0), trajs, adv, cfg, PAD_ID)
+    loss = loss or LossConfig(clip_low=0.2, clip_high=0.28, tis_cap=1.5)
+    cfg = TrainerConfig(micro_batch=micro_batch, grad_clip=1e9, loss=loss)
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    metrics = train_step(m, opt, trajs, adv, cfg, PAD_ID, ref_model=ref_model)
     return [p.detach() - b for p, b in zip(m.parameters(), before, strict=True)], metrics
 
 
@@ -128,6 +135,24 @@ def test_micro_batching_gives_same_gradient(model: torch.nn.Module) -> None:
         assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
     assert m1["k3"] > 0 and 0 < m1["tis_trunc_frac"] < 1 and m1["clip_frac"] == 0
     assert m1["num_seqs"] == 5 and m1["mean_adv_abs"] == pytest.approx(2.3 / 5)
+
+
+def test_sequence_level_loss_correction_and_kl_are_micro_batch_invariant(model: torch.nn.Module) -> None:
+    gen = torch.Generator().manual_seed(8)
+    trajs = [_trajectory(model, gen, n, i, noise=0.1) for i, n in enumerate((14, 18, 12))]
+    ref = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        ref.lm_head.weight.add_(0.05 * torch.randn(ref.lm_head.weight.shape, generator=gen))
+    loss = LossConfig(type="grpo", correction="sequence_mask", mask_low=0.2, mask_high=5.0, kl_coef=0.1)
+    d1, m1 = _param_delta(model, trajs, [1.0, -0.5, 0.0], 1, loss, ref)
+    d3, m3 = _param_delta(model, trajs, [1.0, -0.5, 0.0], 3, loss, ref)
+    assert max(d.abs().max().item() for d in d1) > 1e-4
+    for a, b in zip(d1, d3, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert m1["kl_ref"] > 0 and m1["kl_ref"] == pytest.approx(m3["kl_ref"], rel=1e-4)
+    assert m1["ess"] == pytest.approx(m3["ess"], rel=1e-4) and "token_frac/bucket_0.9-1.0" in m1
+    with pytest.raises(ValueError, match="kl_coef"):
+        _param_delta(model, trajs, [1.0, -0.5, 0.0], 1, loss)
 
 
 def _mean_sampled_logprob(model: torch.nn.Module, traj: Trajectory) -> float:

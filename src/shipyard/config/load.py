@@ -93,11 +93,20 @@ def to_toml(cfg: ShipyardConfig) -> str:
     """Render the resolved config as TOML (what `--dry-run` prints)."""
     out: list[str] = []
     for section, values in cfg.model_dump().items():
-        out.append(f"[{section}]")
-        for k, v in values.items():
-            out.append(f"# {k} is unset" if v is None else f"{k} = {_toml_value(v)}")
-        out.append("")
+        _toml_table(out, section, values)
     return "\n".join(out)
+
+
+def _toml_table(out: list[str], name: str, values: dict[str, Any]) -> None:
+    """Append ``[name]`` with its values, then its nested sections as ``[name.child]`` tables."""
+    out.append(f"[{name}]")
+    for k, v in values.items():
+        if not isinstance(v, dict):
+            out.append(f"# {k} is unset" if v is None else f"{k} = {_toml_value(v)}")
+    out.append("")
+    for k, v in values.items():
+        if isinstance(v, dict):
+            _toml_table(out, f"{name}.{k}", v)
 
 
 def _toml_value(v: Any) -> str:

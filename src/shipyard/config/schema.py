@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -104,6 +104,112 @@ class RolloutConfig(_Section):
     """Sessions a worker runs at once (their turns batch together on the server)."""
 
 
+class LossConfig(_Section):
+    """The policy loss family. Unset `clip_low`, `clip_high` and `scale_std` take the loss type's
+    defaults from `TYPE_DEFAULTS`, read only through `clip_range()` and `use_std()` (the one place they
+    are derived; no validator rewrites a field). Formulas: `shipyard.trainer.loss` and
+    `shipyard.trainer.corrections`."""
+
+    TYPE_DEFAULTS: ClassVar[dict[str, tuple[float, float, bool]]] = {
+        "grpo": (0.2, 0.2, True),
+        "dapo": (0.2, 0.28, True),
+        "dr_grpo": (0.2, 0.2, False),
+        "gspo": (3e-4, 4e-4, True),
+        "cispo": (1.0, 4.0, True),
+    }
+    """Per loss type: (clip_low, clip_high, scale_std) used where those fields are unset."""
+
+    type: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = "dapo"
+    """Policy loss. `grpo`: clipped token surrogate, token mean per sequence then mean over sequences;
+    `dapo`: the same surrogate, token mean over the whole step (the default, and this trainer's loss
+    before the family existed); `dr_grpo`: token sum / (sequences x `dr_grpo_tokens`); `gspo`: clipped
+    sequence ratio exp(mean log r); `cispo`: stop-gradient clipped IS weight x A x log pi, token mean."""
+    baseline: Literal["group_mean", "rloo"] = "group_mean"
+    """Advantage baseline within a group: the group mean, or RLOO's leave-one-out mean of the others."""
+    scale_std: bool | None = None
+    """Divide advantages by the group's reward std; unset = the type's default (false for dr_grpo)."""
+    clip_low: float | None = Field(None, ge=0, le=1)
+    """Ratio clip below 1 (epsilon_low; 1 = no lower bound); unset = the type's default: 0.2, gspo 3e-4,
+    cispo 1."""
+    clip_high: float | None = Field(None, ge=0)
+    """Ratio clip above 1 (epsilon_high); unset = the type's default: grpo/dr_grpo 0.2, dapo 0.28,
+    gspo 4e-4, cispo 4."""
+    correction: Literal[
+        "none", "tis", "token_mask", "sequence_mask", "geometric_mask", "icepop", "decoupled"
+    ] = "tis"
+    """Sampler/trainer mismatch correction: a constant weight w per token from rho = pi_old / mu.
+    `tis`: min(rho, tis_cap); `token_mask`: rho if in [mask_low, mask_high], else 0; `sequence_mask`:
+    the sequence's prod(rho) if in that window, else 0; `geometric_mask`: 1 if the sequence's
+    geometric-mean rho is in [geo_low, geo_high], else 0; `icepop`: rho if in [icepop_low, icepop_high],
+    else 0; `decoupled` (AReaL): rho if <= decoupled_cap, else 0; `none`: 1."""
+    tis_cap: float = Field(2.0, ge=1.0)
+    """Truncated importance sampling cap C on pi_old / mu (`correction = "tis"`)."""
+    mask_low: float = Field(0.5, gt=0, le=1)
+    """Lower end of the token_mask / sequence_mask window on rho."""
+    mask_high: float = Field(2.0, ge=1)
+    """Upper end of the token_mask / sequence_mask window on rho."""
+    geo_low: float = Field(0.999, gt=0, le=1)
+    """Lower end of the geometric_mask window on a sequence's geometric-mean rho."""
+    geo_high: float = Field(1.001, ge=1)
+    """Upper end of the geometric_mask window on a sequence's geometric-mean rho."""
+    icepop_low: float = Field(0.5, gt=0, le=1)
+    """IcePop: lower end of the rho window whose tokens keep their gradient."""
+    icepop_high: float = Field(5.0, ge=1)
+    """IcePop: upper end of the rho window whose tokens keep their gradient."""
+    decoupled_cap: float = Field(5.0, gt=1)
+    """Decoupled PPO: tokens with rho above this are dropped (AReaL's behav_imp_weight_cap)."""
+    drop_uniform_groups: bool = False
+    """DAPO dynamic-sampling filter: drop groups whose rewards are all equal (all-0 / all-1). If every
+    group of a step is uniform, none is dropped and the step trains on zero advantages."""
+    overlong_max_tokens: int | None = Field(None, ge=2)
+    """DAPO overlong penalty L_max on a session's sampled tokens L (none = off): the reward gets
+    ((L_max - L_cache) - L) / L_cache for L in (L_max - L_cache, L_max] and -1 beyond."""
+    overlong_cache_tokens: int = Field(64, ge=1)
+    """DAPO overlong penalty L_cache: length of the ramp below `overlong_max_tokens` (must be smaller)."""
+    dr_grpo_tokens: int = Field(1024, ge=1)
+    """Dr.GRPO's constant L: its loss is the token sum / (sequences x L). Use the session's sampled-token
+    budget (about sampling.max_tokens x agent.max_turns)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL(pi_theta || pi_ref) penalty to the frozen base model (0 = off; > 0 keeps a
+    second, frozen copy of the model in the trainer)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        if self.overlong_max_tokens is not None and self.overlong_cache_tokens >= self.overlong_max_tokens:
+            raise ValueError(
+                f"trainer.loss.overlong_cache_tokens={self.overlong_cache_tokens} must be < "
+                f"trainer.loss.overlong_max_tokens={self.overlong_max_tokens}"
+            )
+        for low, high in (("mask_low", "mask_high"), ("geo_low", "geo_high"), ("icepop_low", "icepop_high")):
+            if getattr(self, low) >= getattr(self, high):
+                raise ValueError(f"trainer.loss.{low} must be < trainer.loss.{high}")
+        return self
+
+    def clip_range(self) -> tuple[float, float]:
+        """(clip_low, clip_high): the set values, else the type's defaults."""
+        low, high, _ = self.TYPE_DEFAULTS[self.type]
+        return (
+            low if self.clip_low is None else self.clip_low,
+            high if self.clip_high is None else self.clip_high,
+        )
+
+    def use_std(self) -> bool:
+        """Whether advantages are divided by the group std: `scale_std`, else the type's default."""
+        return self.TYPE_DEFAULTS[self.type][2] if self.scale_std is None else self.scale_std
+
+    def correction_bounds(self) -> tuple[float, float]:
+        """(low, high) window of the selected correction on rho (tis / decoupled: (0, cap); none: (0, inf))."""
+        return {
+            "none": (0.0, float("inf")),
+            "tis": (0.0, self.tis_cap),
+            "token_mask": (self.mask_low, self.mask_high),
+            "sequence_mask": (self.mask_low, self.mask_high),
+            "geometric_mask": (self.geo_low, self.geo_high),
+            "icepop": (self.icepop_low, self.icepop_high),
+            "decoupled": (0.0, self.decoupled_cap),
+        }[self.correction]
+
+
 class TrainerConfig(_Section):
     steps: int = Field(20, ge=1)
     """Optimizer steps (= published versions after the base, version 0)."""
@@ -122,14 +228,6 @@ class TrainerConfig(_Section):
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)
     """Global gradient-norm clip."""
-    clip_low: float = Field(0.2, ge=0)
-    """PPO ratio clip below 1 (epsilon_low)."""
-    clip_high: float = Field(0.28, ge=0)
-    """PPO ratio clip above 1 (epsilon_high)."""
-    scale_adv_std: bool = True
-    """Divide group advantages by the group's reward std (GRPO); false gives Dr.GRPO's unscaled form."""
-    tis_cap: float = Field(2.0, ge=1.0)
-    """Truncated importance sampling cap C on pi_old / mu."""
     train_layers: int = Field(0, ge=0)
     """Train only the top N decoder blocks and the final norm (0 = all parameters). Lower blocks get
     no backward pass; a CPU budget knob. Published versions always hold every parameter."""
@@ -138,6 +236,8 @@ class TrainerConfig(_Section):
     head and logprobs). Faster on CPUs with bf16 units; adds sampler/trainer mismatch (logged)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward micro-batch."""
+    loss: LossConfig = LossConfig()
+    """Policy loss, advantage baseline, sampler/trainer mismatch correction and KL to the reference."""
     keep_checkpoints: int = Field(2, ge=1)
     """Resumable checkpoints kept (one is written every step, before its version is published)."""
     wait_timeout_s: float = Field(600.0, gt=0)
@@ -156,8 +256,10 @@ class StoreConfig(_Section):
 class EvalConfig(_Section):
     heldout_n: int = Field(120, ge=1)
     """Held-out generated tasks evaluated before and after training."""
-    humaneval_n: int = Field(164, ge=0, le=164)
-    """HumanEval problems evaluated by `shipyard eval` (0 skips HumanEval)."""
+    humaneval_n: int = Field(164, ge=1, le=164)
+    """HumanEval problems evaluated by `shipyard eval`."""
+    suites: list[Literal["humaneval", "heldout"]] = ["humaneval", "heldout"]
+    """What `shipyard eval` evaluates: HumanEval and/or the held-out generated tasks."""
     temperature: float = Field(0.0, ge=0)
     """Sampling temperature for evaluation (0 = greedy pass@1)."""
     version: int | None = None
@@ -216,6 +318,4 @@ class ShipyardConfig(_Section):
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
                 f"rollout.num_workers={self.rollout.num_workers} (each worker writes an equal share per step)"
             )
-        if self.trainer.clip_low >= 1.0:
-            raise ValueError(f"trainer.clip_low={self.trainer.clip_low} must be < 1")
         return self

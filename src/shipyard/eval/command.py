@@ -39,8 +39,10 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
         engine.stage_weights(cfg.eval.version, load_version(open_store(cfg.store), cfg.eval.version))
         engine.apply_pending()
     spec = session_spec(cfg, LocalInferenceClient(engine), tok)
-    suites = {"humaneval": humaneval_tasks(cfg.eval.humaneval_n) if cfg.eval.humaneval_n else []}
-    suites["heldout"] = task_splits(cfg)[1][: cfg.eval.heldout_n]
+    suites = {
+        "humaneval": humaneval_tasks(cfg.eval.humaneval_n) if "humaneval" in cfg.eval.suites else [],
+        "heldout": task_splits(cfg)[1][: cfg.eval.heldout_n] if "heldout" in cfg.eval.suites else [],
+    }
     out: dict[str, Any] = {}
     for name, tasks in suites.items():
         if not tasks:

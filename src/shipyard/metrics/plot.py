@@ -34,7 +34,15 @@ def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "") ->
         for key, label in keys:
             xs, ys = _series(records, key)
             if xs:
-                ax.plot(xs, ys, marker="o", ms=3, label=label)
+                ax.plot(xs, ys, marker="o", ms=3, label=label, alpha=0.5 if key == "reward/mean" else 1.0)
+            if key == "reward/mean" and len(ys) >= 3:
+                w = min(5, len(ys))
+                smooth = [
+                    sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1])
+                    for i in range(len(ys))
+                ]
+                ax.plot(xs, smooth, lw=2, label=f"mean of last {w}")
+                ax.legend()
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -3,7 +3,9 @@
 Contract, per step ``s`` (1-based; version ``s`` is the weights after step ``s``, version 0 the
 base model):
 1. take ``groups_per_step`` groups from ``rollouts/`` (dropping and counting stale ones),
-2. GRPO advantages per group, one optimizer step (:func:`train_step`),
+2. advantages per group (:func:`batch_advantages`: ``trainer.loss`` baseline, std scaling, DAPO
+   filter and overlong penalty), one optimizer step (:func:`train_step`; with
+   ``trainer.loss.kl_coef > 0`` against a frozen copy of the base model loaded at start),
 3. save a resumable checkpoint (weights, optimizer, consumed group ids) — before publishing,
 4. publish version ``s`` (snapshot + manifest + LATEST), log metrics.
 A restart loads the newest complete checkpoint and re-publishes its version if the crash came
@@ -30,6 +32,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     import torch
 
     from shipyard.models.loading import load_model
+    from shipyard.trainer.advantages import batch_advantages
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
     from shipyard.trainer.step import freeze_lower_layers, make_optimizer, train_step
 
@@ -39,6 +42,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     model.train()
     freeze_lower_layers(model, cfg.trainer.train_layers)
     optimizer = make_optimizer(model, cfg.trainer)
+    step_kw = {"temperature": cfg.sampling.temperature, "ref_model": _reference_model(cfg)}
     ckpt_root = run_dir / "checkpoints"
     state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
     publisher = WeightPublisher(store)
@@ -55,10 +59,10 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
             cfg.trainer.max_off_policy_steps,
             cfg.trainer.wait_timeout_s,
         )
-        trajs, advs = _samples(taken, cfg.trainer.scale_adv_std)
+        batch = batch_advantages(taken.groups, cfg.trainer.loss)
         t1 = time.time()
         stats = train_step(
-            model, optimizer, trajs, advs, cfg.trainer, tok.pad_token_id, temperature=cfg.sampling.temperature
+            model, optimizer, batch.trajectories, batch.advantages, cfg.trainer, tok.pad_token_id, **step_kw
         )
         state = {"step": step, "consumed": sorted(feed.consumed), "idle_s": state["idle_s"] + taken.wait_s}
         save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
@@ -68,8 +72,8 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
             step,
             {
                 "kind": "train",
-                **_named(stats),
-                **_rollout_metrics(taken, trajs),
+                **_named({**stats, **batch.stats}),
+                **_rollout_metrics(taken, [t for group in taken.groups for t in group]),
                 **_timing(t0, t1, t2, t_start),
             },
         )
@@ -86,24 +90,21 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     return {"final_version": cfg.trainer.steps, "idle_s": state["idle_s"], "seconds": time.time() - t_start}
 
 
-def _samples(taken: Taken, scale_std: bool) -> tuple[list[Any], list[float]]:
-    import torch
+def _reference_model(cfg: ShipyardConfig) -> Any | None:
+    """The frozen base model for the KL penalty (a second copy in memory), or None when it is off."""
+    if cfg.trainer.loss.kl_coef <= 0:
+        return None
+    from shipyard.models.loading import load_model
 
-    from shipyard.trainer.loss import group_advantages
-
-    trajs, advs = [], []
-    for group in taken.groups:
-        rewards_G = torch.tensor([t.reward for t in group], dtype=torch.float32)
-        trajs += group
-        advs += group_advantages(rewards_G, scale_std=scale_std).tolist()
-    return trajs, advs
-
-
-_MISMATCH = ("k1", "k3", "mean_rho", "max_abs_dp", "tis_trunc_frac")
+    return load_model(cfg.model)[0].eval().requires_grad_(False)
 
 
 def _named(stats: dict[str, float]) -> dict[str, float]:
-    return {(f"mismatch/{k}" if k in _MISMATCH else f"train/{k}"): v for k, v in stats.items()}
+    """Mismatch metrics (``MISMATCH_KEYS``: k1, k3, k3_p99, ess, k3/bucket_0.9-1.0, ...) under
+    ``mismatch/``, everything else under ``train/``."""
+    from shipyard.trainer.mismatch import MISMATCH_KEYS
+
+    return {(f"mismatch/{k}" if k in MISMATCH_KEYS else f"train/{k}"): v for k, v in stats.items()}
 
 
 def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:

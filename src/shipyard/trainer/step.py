@@ -1,22 +1,28 @@
-"""One GRPO optimizer step over a batch of trajectories, with micro-batched gradient accumulation.
+"""One policy-gradient optimizer step over a batch of trajectories, with micro-batched gradient accumulation.
 
 Contract of :func:`train_step`:
 - Exactly one ``optimizer.step()`` over all given trajectories (unless the gradient norm is not
   finite: then the step is skipped, gradients are dropped and ``skipped`` is 1.0).
 - Position ``t`` of a trajectory is trained iff ``loss_mask[t] == 1``; ``loss_mask[0]`` must be
   0 (the first token has no context). ``Trajectory.logprobs`` are the sampler's μ.
-- The loss is the token mean over the WHOLE step: every micro-batch loss is divided by the total
-  number of loss tokens of all trajectories (including those with zero advantage), so
-  micro-batch size changes only float rounding, not the gradient.
+- The loss is ``cfg.loss.type`` (:func:`shipyard.trainer.loss.policy_loss`) with the per-token
+  weight of ``cfg.loss.correction`` (:mod:`shipyard.trainer.corrections`). Its denominators are
+  those of the WHOLE step (:class:`~shipyard.trainer.loss.StepNorm`: loss tokens and sequences with
+  a loss token of all trajectories, including those with zero advantage), so the micro-batch size
+  changes only float rounding, not the gradient.
 - π_old is the detached current logprob: this trainer does one optimizer step per batch, so
-  π_old equals π_θ in value and the PPO ratio r_t is 1 (clip inactive, gradient = -w A / N).
-  The ratio/clip path is still the general one, so multi-epoch training only has to pass a
-  π_old recomputed before the first epoch. ρ_t = π_old/μ measures sampler/trainer mismatch.
-- Sequences with zero advantage give no gradient but are scored for the mismatch metrics; a
-  micro-batch of only such sequences runs without autograd.
+  π_old equals π_θ in value and the PPO ratio r_t is 1 (clip inactive, gradient = -w A / N for the
+  token-mean types). The ratio/clip path is still the general one, so multi-epoch training only
+  has to pass a π_old recomputed before the first epoch. ρ_t = π_old/μ measures the mismatch.
+- ``cfg.loss.kl_coef > 0`` needs ``ref_model`` (a frozen copy of the base model; ValueError
+  otherwise): its logprobs of the same tokens enter the k3 KL penalty.
+- Sequences with zero advantage give no gradient (unless the KL penalty is on) but are scored for
+  the mismatch metrics; a micro-batch without gradient runs without autograd.
 - Gradients are clipped to ``cfg.grad_clip``; ``grad_norm`` is the norm before clipping.
-- Returns floats: loss, grad_norm, k1, k3, mean_rho, max_abs_dp, clip_frac, tis_trunc_frac,
-  num_tokens, num_seqs, mean_adv_abs, skipped. No entropy is computed (entropy-free).
+- Returns floats: loss, clip_frac, kl_ref (mean k3 to the reference; 0 without KL), num_tokens,
+  the mismatch metrics of :mod:`shipyard.trainer.mismatch` (k1, k3, their p99s, mean_rho, ess,
+  mask_frac, tis_trunc_frac, per-probability-bucket values, ...), grad_norm, num_seqs,
+  mean_adv_abs, skipped. No entropy is computed (entropy-free).
 Limits: the caller picks the model's train/eval mode (dropout should be 0 so π matches the
 sampler); sequences are micro-batched in the given order (no length bucketing).
 
@@ -33,8 +39,10 @@ from torch import Tensor
 
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import TrainerConfig
+from shipyard.trainer.corrections import correction_weights
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
-from shipyard.trainer.loss import MetricAccumulator, grpo_loss
+from shipyard.trainer.loss import StepNorm, policy_loss
+from shipyard.trainer.mismatch import MismatchAccumulator
 
 
 def freeze_lower_layers(model: torch.nn.Module, train_layers: int) -> int:
@@ -73,8 +81,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Ad
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def _check_batch(trajectories: list[Trajectory], advantages: list[float]) -> int:
-    """Validate the batch; returns the number of loss tokens of the whole step."""
+def _check_batch(trajectories: list[Trajectory], advantages: list[float], cfg: TrainerConfig) -> StepNorm:
+    """Validate the batch; returns the loss denominators of the whole step."""
     if not trajectories:
         raise ValueError("train_step needs at least one trajectory")
     if len(advantages) != len(trajectories):
@@ -86,39 +94,50 @@ def _check_batch(trajectories: list[Trajectory], advantages: list[float]) -> int
             raise ValueError(
                 f"trajectory {traj.group_id}/{traj.sample_idx}: loss_mask[0] = 1, but token 0 has no context"
             )
-    num_tokens = sum(sum(1 for m in t.loss_mask if m == 1) for t in trajectories)
-    if num_tokens == 0:
+    tokens = [sum(1 for m in t.loss_mask if m == 1) for t in trajectories]
+    if sum(tokens) == 0:
         raise ValueError("no trajectory in the batch has a loss token (loss_mask all zero); nothing to train")
-    return num_tokens
+    return StepNorm(tokens=sum(tokens), seqs=sum(1 for n in tokens if n), seq_tokens=cfg.loss.dr_grpo_tokens)
 
 
 def _micro_batch_loss(
     model: Any,
+    ref_model: Any | None,
     chunk: list[Trajectory],
     adv_B: Tensor,
     cfg: TrainerConfig,
     pad_id: int,
-    num_tokens: int,
+    norm: StepNorm,
     temperature: float,
+    mismatch: MismatchAccumulator,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     device = adv_B.device
     ids_BT, attn_BT = pad_batch([t.token_ids for t in chunk], pad_id, device)
     mask_BT = pad_ints([t.loss_mask for t in chunk], 0, device) == 1
     infer_BT = pad_floats([t.logprobs for t in chunk], 0.0, device)
-    logprobs_BT = token_logprobs(
-        model, ids_BT, attn_BT, score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder
-    )
+    score = dict(score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder)
+    logprobs_BT = token_logprobs(model, ids_BT, attn_BT, **score)
     old_BT = logprobs_BT.detach()  # π_old == π_θ in value: one optimizer step per batch
-    return grpo_loss(
+    ref_BT = None
+    if cfg.loss.kl_coef > 0:
+        with torch.no_grad():
+            ref_BT = token_logprobs(ref_model, ids_BT, attn_BT, **score)
+    low, high = cfg.loss.correction_bounds()
+    corr = correction_weights(cfg.loss.correction, old_BT - infer_BT, mask_BT, low=low, high=high)
+    mismatch.add(old_BT, infer_BT, mask_BT, corr)
+    clip_low, clip_high = cfg.loss.clip_range()
+    return policy_loss(
+        cfg.loss.type,
         logprobs_BT,
         old_BT,
-        infer_BT,
         adv_B,
         mask_BT,
-        clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high,
-        tis_cap=cfg.tis_cap,
-        num_tokens=num_tokens,
+        corr.weight_BT,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        norm=norm,
+        ref_logprobs_BT=ref_BT,
+        kl_coef=cfg.loss.kl_coef,
     )
 
 
@@ -131,29 +150,45 @@ def train_step(
     pad_id: int,
     *,
     temperature: float = 1.0,
+    ref_model: Any | None = None,
 ) -> dict[str, float]:
     """One optimizer step over ``trajectories`` (see module doc); returns float metrics."""
-    num_tokens = _check_batch(trajectories, advantages)
+    norm = _check_batch(trajectories, advantages, cfg)
+    if cfg.loss.kl_coef > 0 and ref_model is None:
+        raise ValueError(
+            f"trainer.loss.kl_coef={cfg.loss.kl_coef} > 0 needs ref_model (a frozen copy of the base model)"
+        )
     device = next(model.parameters()).device
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
-    acc = MetricAccumulator()
+    sums: dict[str, Tensor] = {}
+    mismatch = MismatchAccumulator()
     for start in range(0, len(trajectories), cfg.micro_batch):
         chunk = trajectories[start : start + cfg.micro_batch]
         adv_B = torch.tensor(advantages[start : start + cfg.micro_batch], dtype=torch.float32, device=device)
-        needs_grad = bool((adv_B != 0).any())
+        needs_grad = bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
         with torch.set_grad_enabled(needs_grad):
-            loss, metrics = _micro_batch_loss(model, chunk, adv_B, cfg, pad_id, num_tokens, temperature)
+            loss, metrics = _micro_batch_loss(
+                model, ref_model, chunk, adv_B, cfg, pad_id, norm, temperature, mismatch
+            )
         if needs_grad and loss.requires_grad:
             loss.backward()
-        acc.add(metrics)
+        for key, value in metrics.items():
+            sums[key] = sums[key] + value if key in sums else value
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if params else torch.zeros(())
     grad_norm_f = float(grad_norm)
     skipped = not math.isfinite(grad_norm_f)
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    out = acc.result()
+    totals = {k: float(v) for k, v in sums.items()}
+    out = {
+        "loss": totals["loss_sum"],
+        "clip_frac": totals["clip_count"] / norm.tokens,
+        "kl_ref": totals["kl_sum"] / norm.tokens,
+        "num_tokens": float(norm.tokens),
+        **mismatch.result(),
+    }
     out.update(
         grad_norm=grad_norm_f,
         num_seqs=float(len(trajectories)),

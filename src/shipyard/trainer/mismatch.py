@@ -1,0 +1,135 @@
+"""Sampler/trainer mismatch metrics of one optimizer step, overall and by token probability.
+
+Per loss token, with μ the sampler's logprob, π_old the trainer's recompute and
+``log ρ = log π_old - log μ``:
+- ``k1 = log μ - log π_old = -log ρ`` and ``k3 = ρ - 1 - log ρ`` (estimators of KL(μ || π_old) on
+  tokens sampled from μ; k3 >= 0), each as a mean and a 99th percentile (``k1_p99``, ``k3_p99``;
+  linear interpolation between order statistics, ``torch.quantile``);
+- ``|Δp| = |π_old - μ|`` in probability space: ``mean_abs_dp``, ``max_abs_dp``;
+- ``ρ``: ``mean_rho``, ``max_rho``, ``min_rho``, and the normalised effective sample size
+  ``ess = (Σ ρ)² / (n Σ ρ²)`` in (0, 1]; ``ess_corrected`` is the same for the correction weights
+  ``w`` actually applied (0 when every token was masked);
+- ``mask_frac`` / ``tis_trunc_frac``: fractions of loss tokens the correction masked / truncated;
+- by the sampler's token probability ``p = exp(μ)`` in :data:`BUCKETS` (``[lo, hi)``, the last one
+  closed): ``token_frac/bucket_lo-hi`` (share of loss tokens), and ``k1/…``, ``k3/…`` and
+  ``abs_dp/…`` (means over the bucket; left out when the bucket is empty).
+Contract: :class:`MismatchAccumulator` collects the per-token values of every micro-batch (detached,
+on their device) and computes everything once in :meth:`MismatchAccumulator.result`, so the step's
+numbers do not depend on how it was split. Every key it can return is in :data:`MISMATCH_KEYS`.
+Limits: memory is O(loss tokens of the step) (five floats each); no sequence-level statistics.
+
+Shape legend: B = sequences, T = padded length, N = loss tokens of the step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from shipyard.trainer.corrections import Correction
+
+BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 1.0))
+SCALAR_KEYS = (
+    "k1",
+    "k1_p99",
+    "k3",
+    "k3_p99",
+    "mean_abs_dp",
+    "max_abs_dp",
+    "mean_rho",
+    "max_rho",
+    "min_rho",
+    "ess",
+    "ess_corrected",
+    "mask_frac",
+    "tis_trunc_frac",
+)
+BUCKET_STATS = ("token_frac", "k1", "k3", "abs_dp")
+
+
+def bucket_name(low: float, high: float) -> str:
+    """``bucket_0.9-1.0`` for the probability bucket ``[0.9, 1.0]``."""
+    return f"bucket_{low:.1f}-{high:.1f}"
+
+
+MISMATCH_KEYS = frozenset(SCALAR_KEYS) | {f"{s}/{bucket_name(*b)}" for s in BUCKET_STATS for b in BUCKETS}
+
+
+class MismatchAccumulator:
+    """Per-token mismatch values over micro-batches; :meth:`result` gives the step's float metrics."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[Tensor]] = {
+            k: [] for k in ("log_rho", "p_mu", "dp", "w", "masked", "trunc")
+        }
+
+    def add(
+        self, old_logprobs_BT: Tensor, infer_logprobs_BT: Tensor, mask_BT: Tensor, corr: Correction
+    ) -> None:
+        """Record the loss tokens (``mask_BT``) of one micro-batch and the correction applied to them."""
+        if old_logprobs_BT.shape != infer_logprobs_BT.shape or old_logprobs_BT.shape != mask_BT.shape:
+            raise ValueError(
+                f"old_logprobs {tuple(old_logprobs_BT.shape)}, infer_logprobs "
+                f"{tuple(infer_logprobs_BT.shape)} and mask {tuple(mask_BT.shape)} must share one [B, T] shape"
+            )
+        mask_BT = mask_BT.bool()
+        old_N = old_logprobs_BT.detach()[mask_BT].double()
+        infer_N = infer_logprobs_BT.detach()[mask_BT].double()
+        self._parts["log_rho"].append(old_N - infer_N)
+        self._parts["p_mu"].append(infer_N.exp())
+        self._parts["dp"].append((old_N.exp() - infer_N.exp()).abs())
+        self._parts["w"].append(corr.weight_BT.detach()[mask_BT].double())
+        self._parts["masked"].append(corr.masked_BT[mask_BT])
+        self._parts["trunc"].append(corr.truncated_BT[mask_BT])
+
+    def result(self) -> dict[str, float]:
+        """Scalar and bucket metrics (module doc); all scalars are 0.0 when no token was recorded."""
+        if not self._parts["log_rho"] or sum(t.numel() for t in self._parts["log_rho"]) == 0:
+            return {
+                **dict.fromkeys(SCALAR_KEYS, 0.0),
+                **{f"token_frac/{bucket_name(*b)}": 0.0 for b in BUCKETS},
+            }
+        log_rho_N, p_mu_N, dp_N, w_N = (torch.cat(self._parts[k]) for k in ("log_rho", "p_mu", "dp", "w"))
+        k1_N = -log_rho_N
+        k3_N = torch.expm1(log_rho_N) - log_rho_N
+        rho_N = log_rho_N.exp()
+        out = {
+            "k1": k1_N.mean(),
+            "k1_p99": torch.quantile(k1_N, 0.99),
+            "k3": k3_N.mean(),
+            "k3_p99": torch.quantile(k3_N, 0.99),
+            "mean_abs_dp": dp_N.mean(),
+            "max_abs_dp": dp_N.max(),
+            "mean_rho": rho_N.mean(),
+            "max_rho": rho_N.max(),
+            "min_rho": rho_N.min(),
+            "ess": effective_sample_size(rho_N),
+            "ess_corrected": effective_sample_size(w_N),
+            "mask_frac": torch.cat(self._parts["masked"]).double().mean(),
+            "tis_trunc_frac": torch.cat(self._parts["trunc"]).double().mean(),
+        }
+        out.update(_bucket_stats(p_mu_N, {"k1": k1_N, "k3": k3_N, "abs_dp": dp_N}))
+        return {k: float(v) for k, v in out.items()}
+
+
+def effective_sample_size(w_N: Tensor) -> Tensor:
+    """Normalised ESS ``(Σ w)² / (n Σ w²)``: 1 for equal weights, 1/n for one dominant weight, 0 if all 0."""
+    sq = (w_N * w_N).sum()
+    if sq <= 0:
+        return w_N.new_zeros(())
+    return w_N.sum() ** 2 / (w_N.numel() * sq)
+
+
+def _bucket_stats(p_mu_N: Tensor, values: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Token share per probability bucket, and the mean of each value over the non-empty buckets."""
+    edges = torch.tensor([low for low, _ in BUCKETS[1:]], dtype=p_mu_N.dtype, device=p_mu_N.device)
+    index_N = torch.bucketize(p_mu_N, edges, right=True)  # [lo, hi): p == lo goes up; p = 1 in the last
+    out: dict[str, Tensor] = {}
+    for i, (low, high) in enumerate(BUCKETS):
+        in_N = index_N == i
+        name = bucket_name(low, high)
+        out[f"token_frac/{name}"] = in_N.double().mean()
+        if bool(in_N.any()):
+            for key, v_N in values.items():
+                out[f"{key}/{name}"] = v_N[in_N].mean()
+    return out
