@@ -64,8 +64,6 @@ class InferenceClient(Protocol):
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Sample a continuation for every request (batched by the server)."""
-        ...
 
     def version(self) -> int:
         """The weight version the server serves now."""
-        ...

@@ -22,20 +22,15 @@ from typing import Protocol
 class Store(Protocol):
     def put(self, key: str, data: bytes) -> None:
         """Write ``data`` under ``key`` atomically (replacing any previous object)."""
-        ...
 
     def get(self, key: str) -> bytes:
         """Read the whole object; raises ``FileNotFoundError`` naming the key when absent."""
-        ...
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
-        ...
 
     def list(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursively), sorted."""
-        ...
 
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
-        ...

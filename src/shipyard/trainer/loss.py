@@ -51,11 +51,9 @@ __all__ = [
     "StepNorm",
     "aggregate",
     "cispo_objective",
-    "dapo_objective",
-    "dr_grpo_objective",
     "group_advantages",
     "grpo_loss",
-    "grpo_objective",
+    "clipped_token_objective",
     "gspo_objective",
     "k3_terms",
     "policy_loss",
@@ -107,7 +105,8 @@ def _ppo_terms(ratio_BT: Tensor, adv_BT: Tensor, clip_low: float, clip_high: flo
     return -torch.minimum(surr_BT, surr_clip_BT), surr_clip_BT < surr_BT
 
 
-def grpo_objective(
+def clipped_token_objective(
+    loss_type: LossType,
     lp_BT: Tensor,
     old_BT: Tensor,
     adv_BT: Tensor,
@@ -117,39 +116,12 @@ def grpo_objective(
     clip_high: float,
     norm: StepNorm,
 ) -> tuple[Tensor, Tensor]:
-    """GRPO: clipped token surrogate, token mean per sequence, mean over the step's sequences."""
+    """The clipped token surrogate shared by GRPO, DAPO and Dr.GRPO; they differ only in
+    :func:`aggregate`: GRPO takes the token mean per sequence then the mean over sequences, DAPO the
+    token mean over the whole step (clip-higher by its default range), Dr.GRPO the token sum over
+    ``N_seqs · L`` (no length normalisation)."""
     terms_BT, clipped_BT = _ppo_terms(torch.exp(lp_BT - old_BT), adv_BT, clip_low, clip_high)
-    return aggregate("grpo", weight_BT * terms_BT, mask_BT, norm), clipped_BT
-
-
-def dapo_objective(
-    lp_BT: Tensor,
-    old_BT: Tensor,
-    adv_BT: Tensor,
-    mask_BT: Tensor,
-    weight_BT: Tensor,
-    clip_low: float,
-    clip_high: float,
-    norm: StepNorm,
-) -> tuple[Tensor, Tensor]:
-    """DAPO: clipped token surrogate (clip-higher), token mean over the whole step."""
-    terms_BT, clipped_BT = _ppo_terms(torch.exp(lp_BT - old_BT), adv_BT, clip_low, clip_high)
-    return aggregate("dapo", weight_BT * terms_BT, mask_BT, norm), clipped_BT
-
-
-def dr_grpo_objective(
-    lp_BT: Tensor,
-    old_BT: Tensor,
-    adv_BT: Tensor,
-    mask_BT: Tensor,
-    weight_BT: Tensor,
-    clip_low: float,
-    clip_high: float,
-    norm: StepNorm,
-) -> tuple[Tensor, Tensor]:
-    """Dr.GRPO: clipped token surrogate, token sum over ``N_seqs · L`` (no length normalisation)."""
-    terms_BT, clipped_BT = _ppo_terms(torch.exp(lp_BT - old_BT), adv_BT, clip_low, clip_high)
-    return aggregate("dr_grpo", weight_BT * terms_BT, mask_BT, norm), clipped_BT
+    return aggregate(loss_type, weight_BT * terms_BT, mask_BT, norm), clipped_BT
 
 
 def gspo_objective(
@@ -228,12 +200,8 @@ def policy_loss(
     w_BT = zero + 1 if weight_BT is None else torch.where(mask_BT, weight_BT.detach().to(lp_BT.dtype), zero)
     adv_BT = adv_B.detach().to(lp_BT.dtype)[:, None].expand_as(lp_BT)
     args = (lp_BT, old_BT, adv_BT, mask_BT, w_BT, clip_low, clip_high, norm)
-    if loss_type == "grpo":
-        loss, clipped_BT = grpo_objective(*args)
-    elif loss_type == "dapo":
-        loss, clipped_BT = dapo_objective(*args)
-    elif loss_type == "dr_grpo":
-        loss, clipped_BT = dr_grpo_objective(*args)
+    if loss_type in ("grpo", "dapo", "dr_grpo"):
+        loss, clipped_BT = clipped_token_objective(loss_type, *args)
     elif loss_type == "gspo":
         loss, clipped_BT = gspo_objective(*args)
     else:
@@ -321,7 +289,9 @@ def grpo_loss(
     rho_BT = torch.exp(log_rho_BT)
     weight_BT = torch.clamp(rho_BT, max=tis_cap)
     norm = StepNorm(tokens=num_tokens, seqs=1)
-    loss, clipped_BT = dapo_objective(lp_BT, old_BT, adv_BT, mask_BT, weight_BT, clip_low, clip_high, norm)
+    loss, clipped_BT = clipped_token_objective(
+        "dapo", lp_BT, old_BT, adv_BT, mask_BT, weight_BT, clip_low, clip_high, norm
+    )
     with torch.no_grad():
         maskf_BT = mask_BT.to(lp_BT.dtype)
         metrics = {
