@@ -44,7 +44,8 @@ def _spec(engine_tok, **agent) -> SessionSpec:
 
 def test_trajectory_is_token_exact_and_masks_environment(engine_tok) -> None:
     spec = _spec(engine_tok)
-    traj = run_session(spec, TASK, "g", 0)
+    [traj] = run_session(spec, TASK, "g", 0)  # summarization off: one segment
+    assert traj.session_id == "g/0" and traj.num_segments == 1 and traj.metrics == {}
     assert traj.error is None and traj.num_turns == 3 and traj.finish == "max_turns"
     n = len(traj.token_ids)
     assert len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions) == n
@@ -79,11 +80,11 @@ def test_trajectory_is_token_exact_and_masks_environment(engine_tok) -> None:
 
 
 def test_session_budget_and_crash_are_recorded(engine_tok) -> None:
-    traj = run_session(_spec(engine_tok, max_session_tokens=170), TASK, "g", 1)
+    [traj] = run_session(_spec(engine_tok, max_session_tokens=170), TASK, "g", 1)
     last_sampled = max(i for i, m in enumerate(traj.loss_mask) if m)
     assert traj.error is None and traj.finish == "budget" and last_sampled < 170
     bad = Task(id="t-bad", prompt="x", entry_point="f", hidden_tests="x = 1\n")  # grader refuses: no tests
-    crashed = run_session(_spec(engine_tok), bad, "g", 2)
+    [crashed] = run_session(_spec(engine_tok), bad, "g", 2)
     assert crashed.error is not None and "no top-level test_*" in crashed.error
     assert crashed.reward == 0.0 and sum(crashed.loss_mask) == 0 and crashed.finish == "error"
 
@@ -97,5 +98,5 @@ def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
     )
     spec = _spec(engine_tok, max_turns=1)
     spec.grader = lambda task, files: _grade(task, files, SandboxConfig(timeout_s=1.5))
-    traj = run_session(spec, slow, "g", 3)
+    [traj] = run_session(spec, slow, "g", 3)
     assert traj.error is None and traj.reward == 0.0 and "tim" in traj.reward_info["reason"]

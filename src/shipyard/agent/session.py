@@ -1,17 +1,30 @@
-"""One multi-turn agent session: policy turns, tool results, a token-exact trajectory, a reward.
+"""One multi-turn agent session: policy turns, tool results, token-exact segments, a reward.
 
 Contract: :func:`run_session` plays ``task`` in a fresh sandbox until the policy submits, a
-written solution passes the visible tests (``end_on_pass``), the turn limit or the session token
-budget is hit. The context is kept as token ids only: the prompt is rendered once by the chat
-template, sampled ids are appended exactly as returned by the server (with their logprobs and
-versions), and each tool result is rendered into the chat template's turn delimiters and
-tokenized once, masked out of the loss. Model output is never re-tokenized. The final files are
-graded in a fresh sandbox by ``grader``. Any exception is recorded in ``Trajectory.error``, with
-a zero loss mask and zero reward, and does not propagate: a crashed rollout never stops a run.
+written solution passes the visible tests (``end_on_pass``), the turn limit or the context
+window (``agent.max_session_tokens``) is hit. The context is kept as token ids only: the prompt
+is rendered once by the chat template, sampled ids are appended exactly as returned by the
+server (with their logprobs and versions), and each tool result is rendered into the chat
+template's turn delimiters and tokenized once, masked out of the loss. Model output is never
+re-tokenized. The final files are graded in a fresh sandbox by ``grader``. Any exception is
+recorded in ``Trajectory.error`` (on every segment), with a zero loss mask and zero reward, and
+does not propagate: a crashed rollout never stops a run.
+
+Self-summarization (``agent.summarize_at_tokens`` / ``summarize_at_frac``, off by default): when
+a tool result would bring the context to the threshold (or earlier, when after one more turn a
+full summary would no longer fit the window, see :meth:`_Session.feed_back`), the summary instruction
+is appended to it in the same user turn and the policy's summary is sampled like any turn (``loss_mask = 1``);
+that ends the segment, and the session goes on in a fresh context built from the task, the
+summary's text and the state the harness keeps (:mod:`shipyard.agent.summarize`), tokenized once
+as environment tokens. Each segment is token-exact on its own. :func:`run_session` returns the
+segments (one when summarization is off or never triggered); every segment carries the
+session's reward. Seeds are per sampled turn of the session, so with summarization off a session
+samples exactly as before segments existed.
 
 Limits: the turn delimiters are derived from the tokenizer's chat template (see
 :class:`ChatFrame`); templates that rewrite earlier turns (e.g. stripping reasoning) would make
 the token record differ from a fresh render, which is the point: the record is what was seen.
+Summary turns are sampled without the stop strings of ``sampling.stop`` (a summary is prose).
 """
 
 from __future__ import annotations
@@ -24,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shipyard.agent.actions import REMINDER, SYSTEM_PROMPT, clip_output, parse_action
+from shipyard.agent.summarize import SummaryStats, carried_state, resume_message
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, SamplingConfig
 from shipyard.envs.types import RewardResult, Sandbox, Task
-from shipyard.inference.types import GenerateRequest, InferenceClient, SamplingParams
+from shipyard.inference.types import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 
 VISIBLE_TESTS_FILE = "test_visible.py"
 RUN_VISIBLE = f"python -m pytest -q -x --no-header -p no:cacheprovider {VISIBLE_TESTS_FILE}"
@@ -115,55 +129,157 @@ class SessionSpec:
     seed: int = 0
 
 
-def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> Trajectory:
-    rec = _Record(spec.frame.prompt_ids(first_message(task)))
-    traj = Trajectory(task.id, group_id, sample_idx, [], [], [], [], prompt_len=len(rec.ids))
+def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
+    """Play ``task`` once; returns the session's segments in order (see the module doc)."""
+    run = _Session(spec, task, group_id, sample_idx)
     try:
         with closing(spec.sandbox_factory(workspace_files(task))) as sb:
-            traj.finish = _play(spec, task, sb, rec, traj, group_id, sample_idx)
+            finish = _play(run, sb)
             result = spec.grader(task, sb.files())
-        traj.reward = result.reward
-        traj.reward_info = {"passed": result.passed, "total": result.total}
-        if "reason" in result.details:
-            traj.reward_info["reason"] = result.details["reason"]
+        run.graded(finish, result)
     except Exception as e:  # a crashed rollout is recorded, never propagated
-        traj.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-        traj.reward, traj.finish = 0.0, "error"
-        rec.mask = [0] * len(rec.ids)
-    traj.token_ids, traj.loss_mask, traj.logprobs, traj.versions = (
-        rec.ids,
-        rec.mask,
-        rec.logprobs,
-        rec.versions,
-    )
-    return traj
+        run.crashed(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+    return run.trajectories()
 
 
-def _play(
-    spec: SessionSpec, task: Task, sb: Sandbox, rec: _Record, traj: Trajectory, gid: str, idx: int
-) -> str:
-    cfg = spec.agent
-    for turn in range(cfg.max_turns):
-        budget = cfg.max_session_tokens - len(rec.ids)
-        if budget <= 0:
+def _play(run: _Session, sb: Sandbox) -> str:
+    """Action turns until the session ends; returns its finish reason."""
+    spec = run.spec
+    for turn in range(spec.agent.max_turns):
+        res = run.sample(spec.sampling.max_tokens, spec.sampling.stop)
+        if res is None:
             return "budget"
-        params = SamplingParams(
-            temperature=spec.sampling.temperature,
-            top_p=spec.sampling.top_p,
-            max_tokens=min(spec.sampling.max_tokens, budget),
-            stop=list(spec.sampling.stop),
-            seed=session_seed(gid, idx, turn, spec.seed),
-        )
-        [res] = spec.client.generate([GenerateRequest(prompt_ids=list(rec.ids), params=params)])
-        rec.add_sampled(res.token_ids, res.logprobs, res.versions)
-        traj.num_turns = turn + 1
+        run.traj.num_turns += 1
         text = spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
-        feedback, done = _act(spec, task, sb, text)
+        feedback, done = _act(spec, run.task, sb, text)
         if done:
             return done
-        if turn + 1 < cfg.max_turns:
-            rec.add_env(spec.frame.tool_turn_ids(feedback, closed_by_eos=res.finish_reason == "eos"))
+        if turn + 1 < spec.agent.max_turns and not run.feed_back(sb, feedback, res.finish_reason == "eos"):
+            return "budget"
     return "max_turns"
+
+
+class _Session:
+    """One session across its segments: a token record per context, counters, the outcome."""
+
+    def __init__(self, spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> None:
+        self.spec, self.task, self.gid, self.idx = spec, task, group_id, sample_idx
+        self.segments: list[tuple[_Record, Trajectory]] = []
+        self.sampled_turns = 0
+        self.stats = SummaryStats()
+        self.finish, self.reward, self.error = "", 0.0, None
+        self.reward_info: dict[str, Any] = {}
+        self._open(spec.frame.prompt_ids(first_message(task)))
+
+    @property
+    def rec(self) -> _Record:
+        return self.segments[-1][0]
+
+    @property
+    def traj(self) -> Trajectory:
+        return self.segments[-1][1]
+
+    def _open(self, prompt_ids: list[int]) -> None:
+        """Start a segment (a fresh context) from environment ``prompt_ids``."""
+        traj = Trajectory(
+            self.task.id,
+            self.gid,
+            self.idx,
+            [],
+            [],
+            [],
+            [],
+            prompt_len=len(prompt_ids),
+            session_id=f"{self.gid}/{self.idx}",
+            segment_idx=len(self.segments),
+            num_segments=len(self.segments) + 1,
+        )
+        self.segments.append((_Record(prompt_ids), traj))
+
+    def sample(self, max_tokens: int, stop: list[str]) -> GenerateResult | None:
+        """Sample one turn onto the current context; None when the window has no room left."""
+        budget = self.spec.agent.max_session_tokens - len(self.rec.ids)
+        if budget <= 0:
+            return None
+        cfg = self.spec.sampling
+        params = SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=min(max_tokens, budget),
+            stop=list(stop),
+            seed=session_seed(self.gid, self.idx, self.sampled_turns, self.spec.seed),
+        )
+        [res] = self.spec.client.generate([GenerateRequest(prompt_ids=list(self.rec.ids), params=params)])
+        self.rec.add_sampled(res.token_ids, res.logprobs, res.versions)
+        self.sampled_turns += 1
+        return res
+
+    def feed_back(self, sb: Sandbox, feedback: str, closed_by_eos: bool) -> bool:
+        """Append a tool result, or summarize into a new segment (module doc); False: no room left.
+
+        A summary is requested when the tool result would bring the context to the threshold, or
+        earlier when, after one more turn (``sampling.max_tokens``), a request of this size and a
+        full summary (``agent.summary.max_tokens``) would no longer fit the window.
+        """
+        agent = self.spec.agent
+        ids = self.spec.frame.tool_turn_ids(feedback, closed_by_eos)
+        at, cfg = agent.summarize_threshold(), agent.summary
+        if at and len(self.stats.summarized) < cfg.max_summaries:
+            request = self.spec.frame.tool_turn_ids(f"{feedback}\n\n{cfg.instruction}", closed_by_eos)
+            after = len(self.rec.ids) + len(ids)
+            later = after + self.spec.sampling.max_tokens + len(request) + cfg.max_tokens
+            if after >= at or later > agent.max_session_tokens:
+                return self._summarize(sb, request, feedback)
+        self.rec.add_env(ids)
+        return True
+
+    def _summarize(self, sb: Sandbox, request: list[int], feedback: str) -> bool:
+        """Append the summary ``request``, sample the summary, open the next segment; False: no room."""
+        cfg = self.spec.agent.summary
+        summarized = len(self.rec.ids)
+        self.rec.add_env(request)
+        res = self.sample(cfg.max_tokens, [])
+        if res is None:
+            return False
+        self.traj.finish, self.traj.summary_tokens = "summary", len(res.token_ids)
+        self.stats.add(summarized, len(res.token_ids))
+        summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
+        message = resume_message(first_message(self.task), summary, carried_state(sb, feedback, cfg))
+        self._open(self.spec.frame.prompt_ids(message))
+        return True
+
+    def graded(self, finish: str, result: RewardResult) -> None:
+        self.finish, self.reward = finish, result.reward
+        self.reward_info = {"passed": result.passed, "total": result.total}
+        if "reason" in result.details:
+            self.reward_info["reason"] = result.details["reason"]
+
+    def crashed(self, error: str) -> None:
+        self.error, self.reward, self.finish = error, 0.0, "error"
+
+    def trajectories(self) -> list[Trajectory]:
+        """The segments with their token records and the session's outcome on each."""
+        total = sum(len(rec.ids) for rec, _ in self.segments)
+        on = bool(self.spec.agent.summarize_threshold())
+        metrics = self.stats.metrics(self.finish, total) if on else {}
+        out = []
+        for k, (rec, traj) in enumerate(self.segments):
+            if self.error is not None:
+                rec.mask = [0] * len(rec.ids)
+                traj.finish, traj.summary_tokens = "error", 0
+            elif k == len(self.segments) - 1:
+                traj.finish = self.finish
+            traj.token_ids, traj.loss_mask, traj.logprobs, traj.versions = (
+                rec.ids,
+                rec.mask,
+                rec.logprobs,
+                rec.versions,
+            )
+            traj.num_segments = len(self.segments)
+            traj.reward, traj.reward_info, traj.error = self.reward, dict(self.reward_info), self.error
+            traj.metrics = dict(metrics)
+            out.append(traj)
+        return out
 
 
 def _act(spec: SessionSpec, task: Task, sb: Sandbox, text: str) -> tuple[str, str]:

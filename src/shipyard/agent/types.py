@@ -7,6 +7,16 @@ elsewhere; ``versions[i]`` is the weight version that sampled token i (-1 for pr
 environment tokens). All four lists have the same length. ``reward`` is the session's reward;
 ``error`` records a crashed or timed-out session (its reward is 0 and it is still written).
 
+Segments (self-summarization, see :mod:`shipyard.agent.summarize`): a session that summarized
+itself is recorded as ``num_segments`` trajectories, one per context, each token-exact on its own
+(the contract above holds per segment; ``prompt_len`` is that segment's environment prompt). They
+share ``session_id`` and are numbered by ``segment_idx`` (0-based). A segment that ended by asking
+for a summary has ``finish == "summary"`` and its last ``summary_tokens`` tokens are the sampled
+summary turn (``loss_mask`` 1); the last segment holds the session's finish. ``reward``,
+``reward_info``, ``error`` and ``metrics`` are the session's, on every segment. Records written
+before segments existed load with ``session_id = ""``: each such trajectory is a whole session
+by itself (see :func:`group_sessions`).
+
 Example::
 
     traj = Trajectory(task_id="gen-0001", group_id="s3-gen-0001", sample_idx=0, token_ids=[...], ...)
@@ -35,10 +45,30 @@ class Trajectory:
     finish: str = ""
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    session_id: str = ""
+    """The session this segment belongs to ("" = a one-segment session of its own)."""
+    segment_idx: int = 0
+    """Position of this segment in its session (0-based)."""
+    num_segments: int = 1
+    """Segments of the session."""
+    summary_tokens: int = 0
+    """Sampled tokens of the summary turn that ends this segment (0 when it does not end in one)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         assert len(self.loss_mask) == n and len(self.logprobs) == n and len(self.versions) == n
+        if not 0 <= self.segment_idx < self.num_segments:
+            raise ValueError(
+                f"segment_idx={self.segment_idx} must be in [0, num_segments={self.num_segments})"
+            )
+        if not 0 <= self.summary_tokens <= n:
+            raise ValueError(
+                f"summary_tokens={self.summary_tokens} must be in [0, {n}] (the segment's length)"
+            )
+
+    def ends_in_summary(self) -> bool:
+        """Whether this segment ended by summarizing (a later segment of the session continues it)."""
+        return self.finish == "summary"
 
     def min_version(self) -> int:
         vs = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
@@ -56,3 +86,21 @@ class Trajectory:
     @staticmethod
     def from_json(d: dict[str, Any]) -> Trajectory:
         return Trajectory(**d)
+
+
+def group_sessions(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """Split trajectories into sessions, in order of first appearance, each sorted by ``segment_idx``.
+
+    Trajectories sharing a non-empty ``session_id`` form one session; one with ``session_id == ""``
+    (a record from before segments) is a session by itself.
+    """
+    sessions: dict[str | int, list[Trajectory]] = {}
+    for i, t in enumerate(trajs):
+        sessions.setdefault(t.session_id or i, []).append(t)
+    return [sorted(s, key=lambda t: t.segment_idx) for s in sessions.values()]
+
+
+def session_complete(segments: list[Trajectory]) -> bool:
+    """Whether ``segments`` (one session, sorted) hold exactly segments 0 .. num_segments - 1."""
+    n = segments[0].num_segments
+    return [t.segment_idx for t in segments] == list(range(n)) and all(t.num_segments == n for t in segments)

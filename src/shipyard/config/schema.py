@@ -64,15 +64,76 @@ class InferenceConfig(_Section):
     """How often the weight subscriber polls the store for a new version."""
 
 
+class SummaryConfig(_Section):
+    """How a session summarizes itself when its context reaches `agent.summarize_at_tokens` (or
+    `agent.summarize_at_frac`), and how the trainer credits the segments. See docs/agent.md."""
+
+    instruction: str = (
+        "Your context is almost full. Summarize your progress so far for yourself: what the task "
+        "needs, what you found in the files, what you tried, what passed or failed, and what to do "
+        "next. Reply with the summary only, no code block and no action."
+    )
+    """User text that asks the policy for its summary (appended to the tool result that crossed the
+    threshold, in the same user turn)."""
+    max_tokens: int = Field(128, ge=1)
+    """Most tokens sampled for one summary (further cut by the room left in the context window)."""
+    keep: list[Literal["solution", "last_output"]] = ["solution", "last_output"]
+    """State the harness carries into the next segment's prompt after the summary: the current
+    `solution.py` and/or the last tool output (each clipped to `state_chars`)."""
+    state_chars: int = Field(600, ge=0)
+    """Most characters of each carried state item (head and tail kept); 0 carries nothing."""
+    max_summaries: int = Field(8, ge=1)
+    """Most summaries in one session; after that the segment runs to `agent.max_session_tokens` and the
+    session ends there ("budget")."""
+    segment_advantage: Literal["session", "summary_bonus"] = "session"
+    """Credit of segments. `session`: every segment gets its session's group-relative advantage (groups
+    are normalised over sessions, not segments). `summary_bonus`: the same, plus each summary's tokens get
+    `bonus_coef x (s - mean s)`, where s = the session reward if the segment after that summary ended
+    the session (0 if it summarized again) and the mean is over the summaries of the group."""
+    bonus_coef: float = Field(1.0, ge=0)
+    """Scale of the summary bonus (`segment_advantage = "summary_bonus"`)."""
+
+
 class AgentConfig(_Section):
     max_turns: int = Field(3, ge=1)
-    """Most assistant turns in one session."""
+    """Most action turns in one session (summary turns are not counted)."""
     max_session_tokens: int = Field(1536, ge=64)
-    """Session ends when its token count (prompt, model and tool tokens) reaches this."""
+    """The context window: no token is sampled at or past this position of a context (prompt, model and
+    tool tokens; a tool result may still be appended beyond it, and ends the context). Without
+    summarization the session ends there; with it, each segment (one context) is bounded by it."""
     max_tool_output_chars: int = Field(800, ge=64)
     """Tool output longer than this is cut (head and tail kept) before it is fed back."""
     end_on_pass: bool = True
     """End the session when a written solution passes the visible tests (or the task has none)."""
+    summarize_at_tokens: int = Field(0, ge=0)
+    """Self-summarization threshold in tokens (0 = off): when a tool result would bring the context to
+    this many tokens (or earlier, when after one more turn the request and a full summary would no
+    longer fit the window), the policy is asked to summarize and a fresh context continues the
+    session. Must be below `max_session_tokens`."""
+    summarize_at_frac: float = Field(0.0, ge=0.0, lt=1.0)
+    """The same threshold as a fraction of `max_session_tokens` (0 = off); set at most one of the two."""
+    summary: SummaryConfig = SummaryConfig()
+    """Summary prompt, carried state, limits and segment credit assignment."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentConfig:
+        if self.summarize_at_tokens and self.summarize_at_frac:
+            raise ValueError(
+                "set at most one of agent.summarize_at_tokens and agent.summarize_at_frac (the other = 0)"
+            )
+        if self.summarize_threshold() >= self.max_session_tokens:
+            name = "summarize_at_frac" if self.summarize_at_frac else "summarize_at_tokens"
+            raise ValueError(
+                f"agent.{name} gives a threshold of {self.summarize_threshold()} tokens; it must be below "
+                f"agent.max_session_tokens={self.max_session_tokens} (the summary turn needs room)"
+            )
+        return self
+
+    def summarize_threshold(self) -> int:
+        """Context tokens at which the policy is asked to summarize; 0 = summarization off."""
+        if self.summarize_at_frac:
+            return max(1, int(self.summarize_at_frac * self.max_session_tokens))
+        return self.summarize_at_tokens
 
 
 class SandboxConfig(_Section):

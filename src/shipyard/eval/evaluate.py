@@ -4,6 +4,8 @@ Contract: :func:`evaluate` plays one session per task (sampling from ``spec`` wi
 evaluation temperature; 0 = greedy, so pass@1) through any :class:`InferenceClient`, grades it
 in a fresh sandbox, and counts a task as passed only when every hidden test passed. Sessions
 run ``concurrency`` at a time so the server batches them. A crashed session counts as failed.
+A session that summarized itself is scored once (its reward is on every segment); its turns are
+summed over its segments.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ def evaluate(
     spec = dataclasses.replace(spec, sampling=sampling)
 
     def one(task: Task) -> Trajectory:
-        traj = run_session(spec, task, f"eval/{task.id}", 0)
+        segments = run_session(spec, task, f"eval/{task.id}", 0)
         if on_done is not None:
             on_done()
-        return traj
+        return dataclasses.replace(segments[-1], num_turns=sum(s.num_turns for s in segments))
 
     with ThreadPoolExecutor(concurrency, thread_name_prefix="eval") as pool:
         trajs = list(pool.map(one, tasks))

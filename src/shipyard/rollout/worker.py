@@ -8,7 +8,8 @@ Before starting batch ``k`` the worker waits until its inference server serves a
 wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode (generation runs
 ahead of the trainer by at most that many versions and never waits otherwise). It always samples
 with the newest weights the server has; each token records its version. A session that crashes
-is recorded with its error (see :func:`run_session`). The worker stops when ``control/finished``
+is recorded with its error (see :func:`run_session`). A session that summarized itself contributes
+all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
 """
 
@@ -82,7 +83,7 @@ class RolloutWorker:
             jobs += [
                 pool.submit(run_session, self.spec, task, gid, i) for i in range(self.cfg.rollout.group_size)
             ]
-        trajs: list[Trajectory] = [j.result() for j in jobs]
+        trajs: list[Trajectory] = [seg for j in jobs for seg in j.result()]
         return RolloutBatch(
             batch_id=f"{self.worker_id}/{seq:08d}",
             worker_id=self.worker_id,
@@ -91,7 +92,7 @@ class RolloutWorker:
             stats={
                 "seconds": time.time() - t0,
                 "version_at_start": version,
-                "errors": sum(t.error is not None for t in trajs),
+                "errors": sum(t.error is not None and t.segment_idx == 0 for t in trajs),
                 "sampled_tokens": sum(t.num_sampled() for t in trajs),
             },
         )

@@ -4,9 +4,12 @@ Contract: :meth:`RolloutFeed.take` returns ``n`` GRPO groups not consumed before
 ``consumed`` are skipped, so a restarted trainer never trains on a rollout twice), in the order
 their batches appeared in the store. A group is dropped (and counted) when its oldest sampled
 token is more than ``max_off_policy_steps`` versions behind the trainer's current version.
-Sessions that crashed (``Trajectory.error``) are removed from their group and counted; a group
-left with fewer than two sessions is dropped. It waits (polling the store) until enough groups
-arrived, raising ``TimeoutError`` after ``timeout_s`` with no new batch.
+Sessions that crashed (``Trajectory.error`` on any segment) or whose segments are not exactly
+``0 .. num_segments - 1`` are removed from their group and counted; a group left with fewer than
+two sessions is dropped. Counts (``dropped_errors``, ``dropped_stale``) are sessions, whatever
+their number of segments. A returned group lists its sessions by ``sample_idx``, each session's
+segments in order. It waits (polling the store) until enough groups arrived, raising
+``TimeoutError`` after ``timeout_s`` with no new batch.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from shipyard.agent.types import Trajectory
+from shipyard.agent.types import Trajectory, group_sessions, session_complete
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.types import Store
 
@@ -44,7 +47,7 @@ class RolloutFeed:
         for batch in sorted(batches, key=lambda b: b.created_at):
             for gid, group in batch.groups().items():
                 if gid not in self.consumed:
-                    self._queue.append(sorted(group, key=lambda t: t.sample_idx))
+                    self._queue.append(sorted(group, key=lambda t: (t.sample_idx, t.segment_idx)))
         return bool(new)
 
     def take(self, n: int, current_version: int, max_off_policy_steps: int, timeout_s: float) -> Taken:
@@ -64,16 +67,19 @@ class RolloutFeed:
                 continue
             group = self._queue.popleft()
             self.consumed.add(group[0].group_id)
-            ok = [t for t in group if t.error is None]
-            out.dropped_errors += len(group) - len(ok)
-            staleness = current_version - min((t.min_version() for t in ok), default=current_version)
+            sessions = group_sessions(group)
+            ok = [s for s in sessions if session_complete(s) and all(t.error is None for t in s)]
+            out.dropped_errors += len(sessions) - len(ok)
+            trajs = [t for s in ok for t in s]
+            oldest = [t.min_version() for t in trajs if t.num_sampled()]
+            staleness = current_version - min(oldest, default=current_version)
             if len(ok) < 2:
                 out.dropped_errors += len(ok)
                 continue
             if staleness > max_off_policy_steps:
                 out.dropped_stale += len(ok)
                 continue
-            out.groups.append(ok)
+            out.groups.append(trajs)
             out.staleness.append(staleness)
         out.wait_s = time.time() - t0
         return out

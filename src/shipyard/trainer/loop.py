@@ -4,7 +4,8 @@ Contract, per step ``s`` (1-based; version ``s`` is the weights after step ``s``
 base model):
 1. take ``groups_per_step`` groups from ``rollouts/`` (dropping and counting stale ones),
 2. advantages per group (:func:`batch_advantages`: ``trainer.loss`` baseline, std scaling, DAPO
-   filter and overlong penalty), one optimizer step (:func:`train_step`; with
+   filter and overlong penalty, over sessions; ``agent.summary.segment_advantage`` for summarizing
+   sessions' segments), one optimizer step (:func:`train_step`; with
    ``trainer.loss.kl_coef > 0`` against a frozen copy of the base model loaded at start),
 3. save a resumable checkpoint (weights, optimizer, consumed group ids) — before publishing,
 4. publish version ``s`` (snapshot + manifest + LATEST), log metrics.
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shipyard.agent.summarize import rollout_summary_metrics
 from shipyard.config.schema import ShipyardConfig
 from shipyard.metrics.logger import MetricsLogger
 from shipyard.rollout.worker import FINISHED_KEY
@@ -59,7 +61,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
             cfg.trainer.max_off_policy_steps,
             cfg.trainer.wait_timeout_s,
         )
-        batch = batch_advantages(taken.groups, cfg.trainer.loss)
+        batch = batch_advantages(taken.groups, cfg.trainer.loss, cfg.agent.summary)
         t1 = time.time()
         stats = train_step(
             model, optimizer, batch.trajectories, batch.advantages, cfg.trainer, tok.pad_token_id, **step_kw
@@ -108,8 +110,10 @@ def _named(stats: dict[str, float]) -> dict[str, float]:
 
 
 def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
-    rewards = [t.reward for t in trajs]
-    n = max(len(trajs), 1)
+    """Rollout metrics per session (a summarizing session's segments count once; turns are summed)."""
+    sessions = [t for t in trajs if t.segment_idx == 0]
+    rewards = [t.reward for t in sessions]
+    n = max(len(sessions), 1)
     return {
         "reward/mean": sum(rewards) / n,
         "reward/solved_frac": sum(r >= 1.0 for r in rewards) / n,
@@ -117,9 +121,10 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
         "staleness/max": float(max(taken.staleness, default=0)),
         "rollout/dropped_stale": float(taken.dropped_stale),
         "rollout/dropped_errors": float(taken.dropped_errors),
-        "rollout/samples": float(len(trajs)),
+        "rollout/samples": float(len(sessions)),
         "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
+        **rollout_summary_metrics(trajs),
     }
 
 

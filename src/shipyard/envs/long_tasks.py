@@ -1,0 +1,258 @@
+"""Long-horizon tasks: a workspace of modules whose scattered rules all have to be read to write one function.
+
+Contract: :func:`long_tasks` is a pure function of its arguments: the same ``(n, seed, modules,
+filler_lines)`` give the same list of :class:`~shipyard.envs.types.Task` records on every
+machine. A task is:
+
+- ``files``: ``part_00.py`` .. ``part_<N-1>.py``. The docstring of module ``i`` states, in prose,
+  rule ``i``: one integer operation (add, subtract, multiply, modulo, XOR, floor division, a
+  conditional add, a cap, a negative fix-up; :data:`RULES`) whose constant is defined in ANOTHER
+  module (a seeded derangement), named there as a module-level assignment. Every module also holds
+  a legacy constant that no rule uses, a few filler comment lines and an unused helper, so
+  reading the workspace costs far more tokens than the answer;
+- ``prompt``: write ``<name>(x)`` in ``solution.py`` that applies the rules of ``part_00.py``,
+  ``part_01.py``, ... in order to the integer ``x`` and returns the result, with one worked example;
+- ``visible_tests``: 2 example tests; ``hidden_tests``: 8 tests ``test_case_<k>`` (the examples
+  again, then 0, negatives, large values, drawn values); both import ``from solution import <name>``;
+- ``reference``: a correct ``solution.py`` with the constants inlined; ``source`` ``"long"``,
+  ``difficulty`` 5, ``id`` ``long-00042``.
+
+At the default size (12 modules) the workspace is about 2,500 tokens of the SmolLM2 tokenizer, so
+with a context window of ~1,000 tokens a session cannot hold every file it needs at once: it has
+to read, keep what matters (self-summarization, see :mod:`shipyard.agent.summarize`) and write.
+The modules stay in the workspace, so they are present (and importable) when
+:func:`shipyard.envs.grader.grade` runs the hidden tests; a solution may import the constants.
+
+Expected outputs are computed by interpreting the rule list directly and checked against the
+rendered reference run in-process (two implementations must agree, else generation fails); a
+draw whose hidden cases give fewer than 5 distinct outputs is drawn again.
+
+Limits: the rules are a straight-line pipeline over one integer (no loops or data structures);
+reading order is free, so a policy that reads all files before writing needs the context or a
+summary, one that writes incrementally needs its solution carried (``agent.summary.keep``).
+
+Example::
+
+    tasks = long_tasks(20, seed=0)
+    res = grade(tasks[0], {**tasks[0].files, "solution.py": tasks[0].reference}, SandboxConfig())
+    assert res.reward == 1.0
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shipyard.envs.types import Task
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One operation on the value ``x`` with a constant ``c``."""
+
+    key: str
+    text: str
+    """Prose of the rule; ``{c}`` marks where the constant is named."""
+    code: tuple[str, ...]
+    """Reference source lines (indented one level in the function); ``{c}`` is the literal."""
+    fn: Callable[[int, int], int]
+    lo: int
+    hi: int
+    """Range of the constant."""
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("add", "add {c} to the value", ("x = x + {c}",), lambda x, c: x + c, 1, 20),
+    Rule("sub", "subtract {c} from the value", ("x = x - {c}",), lambda x, c: x - c, 1, 20),
+    Rule("mul", "multiply the value by {c}", ("x = x * {c}",), lambda x, c: x * c, 2, 4),
+    Rule(
+        "mod",
+        "replace the value by its remainder modulo {c} (Python's % operator)",
+        ("x = x % {c}",),
+        lambda x, c: x % c,
+        50,
+        199,
+    ),
+    Rule(
+        "even_add",
+        "if the value is even, add {c} to it; otherwise leave it unchanged",
+        ("if x % 2 == 0:", "    x = x + {c}"),
+        lambda x, c: x + c if x % 2 == 0 else x,
+        1,
+        20,
+    ),
+    Rule(
+        "cap",
+        "if the value is greater than {c}, replace the value by that constant",
+        ("if x > {c}:", "    x = {c}"),
+        lambda x, c: min(x, c),
+        100,
+        400,
+    ),
+    Rule(
+        "neg",
+        "if the value is negative, replace it by its absolute value plus {c}",
+        ("if x < 0:", "    x = -x + {c}"),
+        lambda x, c: -x + c if x < 0 else x,
+        1,
+        20,
+    ),
+    Rule(
+        "xor",
+        "replace the value by the value XOR {c} (Python's ^ operator)",
+        ("x = x ^ {c}",),
+        lambda x, c: x ^ c,
+        1,
+        63,
+    ),
+    Rule(
+        "div",
+        "integer-divide the value by {c} (Python's // operator, rounding down)",
+        ("x = x // {c}",),
+        lambda x, c: x // c,
+        2,
+        5,
+    ),
+)
+
+_WORDS = ("OFFSET", "SCALE", "LIMIT", "SHIFT", "BASE", "STEP", "MASK", "BOUND", "FACTOR", "DELTA")
+_NAMES = ("pipeline", "transform", "process_value", "run_stages", "apply_rules", "evaluate_chain")
+_NOTES = (
+    "# note: the {w} table was migrated in {y}; old reports still read it",
+    "# todo({y}): move the {w} helpers into a shared module",
+    "# the nightly job recomputes {w} totals before {h}:00",
+    "# {w} values come from the {y} configuration review",
+    "# keep this file in sync with the {w} dashboard (owner: team {h})",
+    "# historical: {w} was a float until {y}",
+)
+_DRAWS = 50
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """One task's hidden structure: rule per module, constant value, where each constant lives."""
+
+    rules: tuple[Rule, ...]
+    values: tuple[int, ...]
+    """``values[i]``: the constant of rule i."""
+    home: tuple[int, ...]
+    """``home[i]``: the module that defines rule i's constant (never i)."""
+    names: tuple[str, ...]
+    """``names[i]``: the name of rule i's constant."""
+
+    def apply(self, x: int) -> int:
+        for rule, c in zip(self.rules, self.values, strict=True):
+            x = rule.fn(x, c)
+        return x
+
+
+def _draw(rng: random.Random, modules: int) -> _Draw:
+    rules = tuple(rng.choice(RULES) for _ in range(modules))
+    values = tuple(rng.randint(r.lo, r.hi) for r in rules)
+    home = list(range(modules))
+    while any(h == i for i, h in enumerate(home)):
+        rng.shuffle(home)
+    names = tuple(f"{rng.choice(_WORDS)}_{home[i]:02d}" for i in range(modules))
+    return _Draw(rules, values, tuple(home), names)
+
+
+def _module(d: _Draw, j: int, rng: random.Random, filler_lines: int) -> str:
+    """Source of ``part_<j>.py``: rule j in prose, the constant(s) it defines, filler."""
+    rule = d.rules[j]
+    ref = f"the constant `{d.names[j]}` defined in part_{d.home[j]:02d}.py"
+    lines = [
+        f'"""part_{j:02d}: stage {j + 1} of {len(d.rules)} of the value pipeline.',
+        "",
+        f"Rule: {rule.text.format(c=ref)}.",
+        '"""',
+        "",
+    ]
+    lines += [f"{d.names[i]} = {d.values[i]}" for i in range(len(d.rules)) if d.home[i] == j]
+    lines.append(f"{rng.choice(_WORDS)}_{j:02d}_LEGACY = {rng.randint(1, 99)}  # legacy: no rule uses it")
+    lines.append("")
+    for _ in range(filler_lines):
+        note = rng.choice(_NOTES)
+        lines.append(
+            note.format(w=rng.choice(_WORDS).lower(), y=rng.randint(2015, 2024), h=rng.randint(1, 23))
+        )
+    k = rng.randint(2, 9)
+    lines += ["", "", f"def _report_{j:02d}(rows):", f"    return sorted(rows)[:{k}]", ""]
+    return "\n".join(lines)
+
+
+def _reference(d: _Draw, name: str) -> str:
+    body = [f"def {name}(x):"]
+    for i, (rule, c) in enumerate(zip(d.rules, d.values, strict=True)):
+        body.append(f"    # part_{i:02d}: {rule.key} with {d.names[i]} = {c}")
+        body += [f"    {line.format(c=c)}" for line in rule.code]
+    body.append("    return x")
+    return "\n".join(body) + "\n"
+
+
+def _test_file(name: str, prefix: str, cases: list[tuple[int, int]]) -> str:
+    tests = "".join(
+        f"\n\ndef {prefix}_{k}():\n    assert {name}({x!r}) == {want!r}\n"
+        for k, (x, want) in enumerate(cases, 1)
+    )
+    return f"from solution import {name}\n{tests}"
+
+
+def _task(d: _Draw, rng: random.Random, index: int, filler_lines: int) -> Task | None:
+    """The task for draw ``d`` (None when its hidden cases are too uniform)."""
+    name = rng.choice(_NAMES)
+    inputs = [rng.randint(1, 30), rng.randint(31, 99), 0, -1, rng.randint(-60, -2), 1000, 12345]
+    inputs += [rng.randint(100, 999)]
+    inputs = list(dict.fromkeys(inputs))
+    reference = _reference(d, name)
+    scope: dict[str, Callable[[int], int]] = {}
+    exec(compile(reference, f"<long reference {name}>", "exec"), scope)  # our own generated source
+    cases = [(x, d.apply(x)) for x in inputs]
+    for x, want in cases:
+        got = scope[name](x)
+        assert got == want, f"long task {index}: reference gives {got} for {x}, the rules give {want}"
+    if len({want for _, want in cases}) < 5:
+        return None
+    modules = len(d.rules)
+    files = {f"part_{j:02d}.py": _module(d, j, rng, filler_lines) for j in range(modules)}
+    ex_in, ex_out = cases[0]
+    prompt = (
+        f"The workspace holds {modules} modules, part_00.py .. part_{modules - 1:02d}.py. The docstring of each "
+        "states one rule that changes an integer value; a rule's constant is defined in another module "
+        "(a module-level assignment; constants marked legacy are unused). Write a Python function "
+        f"`{name}(x)` in solution.py that starts from the integer x, applies the rules of part_00.py, "
+        f"part_01.py, ... in this order and returns the value. For example, `{name}({ex_in})` should "
+        f"return `{ex_out}`."
+    )
+    return Task(
+        id=f"long-{index:05d}",
+        prompt=prompt,
+        entry_point=name,
+        files=files,
+        visible_tests=_test_file(name, "test_example", cases[:2]),
+        hidden_tests=_test_file(name, "test_case", cases[:8]),
+        difficulty=5,
+        source="long",
+        reference=reference,
+    )
+
+
+def long_tasks(n: int, seed: int, modules: int = 12, filler_lines: int = 6) -> list[Task]:
+    """``n`` long-horizon tasks of ``modules`` modules each, deterministic for the arguments (module doc)."""
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1 (number of long tasks)")
+    if modules < 2:
+        raise ValueError(f"modules={modules} must be >= 2 (a rule's constant lives in another module)")
+    if filler_lines < 0:
+        raise ValueError(f"filler_lines={filler_lines} must be >= 0")
+    rng = random.Random(f"long/{seed}/{modules}/{filler_lines}")
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        for _ in range(_DRAWS):
+            task = _task(_draw(rng, modules), rng, len(tasks), filler_lines)
+            if task is not None:
+                tasks.append(task)
+                break
+        else:
+            raise ValueError(f"no long task with distinct outputs in {_DRAWS} draws; use more modules")
+    return tasks
