@@ -7,8 +7,12 @@ bwrap cannot run. Network checks use only 127.0.0.1.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, sandbox_available
+from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, reap_stale, sandbox_available
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 
@@ -215,3 +219,116 @@ def test_close_removes_workspace() -> None:
 
 def test_sandbox_available_here() -> None:
     assert sandbox_available() is None
+
+
+def test_session_frames_commands_exactly_and_keeps_tmp(sb: BwrapSandbox) -> None:
+    for cmd, want in [
+        ("printf '%s' 'a\\b'", "a\\b"),
+        ("cat <<'EOF'\nline1\n  line2 \\\nEOF", "line1\n  line2 \\\n"),
+        ("\n\necho 'x\n\ny'\n\n", "x\n\ny\n"),
+        ("echo héllo ✓", "héllo ✓\n"),
+        ("echo " + "y" * 20000 + " | wc -c", "20001\n"),
+    ]:
+        res = sb.exec(cmd)
+        assert (res.returncode, res.stdout) == (0, want), cmd
+    pid = sb.session_pid
+    assert pid is not None and sb.exec("echo kept > /tmp/t").returncode == 0
+    assert sb.exec("cat /tmp/t").stdout == "kept\n" and sb.session_pid == pid  # one session, /tmp persists
+    assert sb.exec("export X=1; cd /tmp").returncode == 0
+    assert sb.exec("pwd; echo ${X:-unset}").stdout == "/workspace\nunset\n"  # but each command starts clean
+
+
+def test_session_survives_its_server_being_killed(sb: BwrapSandbox) -> None:
+    sb.exec("echo t > /tmp/t")
+    res = sb.exec("kill -9 -1; sleep 5")
+    assert res.returncode != 0 and not res.timed_out and "next command starts a new session" in res.stderr
+    assert sb.exec("cat hello.txt; test -e /tmp/t || echo tmp-gone").stdout == "hi\ntmp-gone\n"
+    res = sb.exec(
+        "echo 12 99 > /proc/1/fd/1 2>/dev/null; echo forged >&2; exit 4"
+    )  # garbage on the status pipe
+    assert sb.exec("echo ok").stdout == "ok\n"
+
+
+def test_one_shot_mode_matches_the_session() -> None:
+    cfg = SandboxConfig(timeout_s=10, memory_mb=256, max_processes=32)
+    cmds = ["echo a; echo b >&2; exit 3", "(sleep 100 &); echo bg", "ulimit -v; ulimit -f", "ls /tmp | wc -l"]
+    with BwrapSandbox(None, cfg) as sess, BwrapSandbox(None, cfg, persistent=False) as once:
+        for cmd in cmds:
+            a, b = sess.exec(cmd), once.exec(cmd)
+            assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), cmd
+        assert once.session_pid is None
+
+
+def test_pass_fds_and_spawn(sb: BwrapSandbox) -> None:
+    r, w = os.pipe()
+    try:
+        res = sb.exec(
+            f"echo through-fd >&{w}" if w < 10 else f"echo through-fd > /proc/self/fd/{w}", pass_fds=(w,)
+        )
+        assert res.returncode == 0, res.stderr
+        assert os.read(r, 100) == b"through-fd\n"
+    finally:
+        os.close(r)
+        os.close(w)
+    proc = sb.spawn("cat hello.txt; sleep 100", stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"hi\n"
+    assert proc.poll() is None
+    os.killpg(proc.pid, 9)
+    assert proc.wait(timeout=5) != 0
+    proc.stdout.close()
+
+
+def test_session_outlives_the_thread_that_started_it() -> None:
+    with BwrapSandbox({"a.txt": "a\n"}, SandboxConfig(timeout_s=10)) as box:
+        t = threading.Thread(target=lambda: box.exec("true"))
+        t.start()
+        t.join()
+        deadline = time.monotonic() + 3  # --die-with-parent ended that session with its thread
+        while box.session_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert box.exec("cat a.txt").stdout == "a\n"
+
+
+def test_copy_on_write_fork_of_a_directory(tmp_path: Path) -> None:
+    base = tmp_path / "repo"
+    (base / "pkg").mkdir(parents=True)
+    (base / "pkg" / "mod.py").write_text("x = 1\n")
+    (base / "README").write_text("readme\n")
+    cfg = SandboxConfig(timeout_s=10)
+    with (
+        BwrapSandbox({"new.txt": "n\n"}, cfg, base=str(base)) as a,
+        BwrapSandbox(None, cfg, base=str(base)) as b,
+    ):
+        res = a.exec("cat pkg/mod.py && echo 'x = 2' > pkg/mod.py && rm README && ls")
+        assert res.stdout == "x = 1\nnew.txt\npkg\n", res.stderr
+        assert a.files() == {"new.txt": "n\n", "pkg/mod.py": "x = 2\n"}
+        assert b.files() == {"README": "readme\n", "pkg/mod.py": "x = 1\n"}  # forks are independent
+        assert a.exec("cat pkg/mod.py", stdin="").stdout == "x = 2\n"  # one-shot commands see the fork too
+        a.write("pkg/host.txt", "h\n")
+        assert a.exec("cat pkg/host.txt").stdout == "h\n" and a.read("pkg/mod.py") == "x = 2\n"
+        with pytest.raises(ValueError, match="spawn"):
+            a.spawn("true")
+    assert (base / "README").read_text() == "readme\n" and (base / "pkg" / "mod.py").read_text() == "x = 1\n"
+    assert sorted(os.listdir(base)) == ["README", "pkg"]
+    with pytest.raises(ValueError, match="base"):
+        BwrapSandbox(None, cfg, base=str(tmp_path / "missing"))
+
+
+def test_reap_stale_removes_what_dead_processes_left() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid now names no process
+    stale_dir = tempfile.mkdtemp(prefix=f"shipyard-sb-{dead.pid}-")
+    Path(stale_dir, "sub").mkdir()
+    Path(stale_dir, "sub", "f.txt").write_text("x")
+    live_dir = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
+    with BwrapSandbox(None) as box:
+        cg_parent = os.path.dirname(box.cgroup) if box.cgroup else None
+    stale_cg = os.path.join(cg_parent, f"shipyard-sb-{dead.pid}-feedfeedfeed") if cg_parent else None
+    if stale_cg:
+        os.mkdir(stale_cg)
+    try:
+        assert reap_stale() >= 1 + (stale_cg is not None)
+        assert not os.path.exists(stale_dir) and os.path.isdir(live_dir)
+        assert stale_cg is None or not os.path.exists(stale_cg)
+    finally:
+        shutil.rmtree(live_dir)

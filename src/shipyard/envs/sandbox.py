@@ -2,50 +2,79 @@
 
 Contract: :class:`BwrapSandbox` implements :class:`shipyard.envs.types.Sandbox`. It owns a fresh
 host temp directory (the workspace) that every command sees read-write at ``/workspace`` (the
-working directory), so files persist across :meth:`~BwrapSandbox.exec` calls. Each ``exec`` runs
-``/bin/sh -c CMD`` in new namespaces (``--unshare-all``: user, pid, ipc, uts, cgroup and network
-unless ``network=True``) with all capabilities dropped, a cleared environment, a read-only view
-of the system (``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files and the running Python
-installation, so ``python`` is this interpreter with pytest importable), a fresh size-capped
-tmpfs ``/tmp`` and ``/dev/shm``, and a read-only root. Nothing outside the workspace (and
-``/tmp``, ``/dev/shm``, extra ``binds``) is writable; host paths that are not bound do not exist
-inside. Inside, the command runs as uid 0 of its user namespace, mapped to the caller's uid
-(files it writes belong to the caller). Needs Linux and bubblewrap >= 0.6
+working directory), so files persist across :meth:`~BwrapSandbox.exec` calls. Commands run as
+``/bin/sh -c CMD`` in new namespaces (user, pid, ipc, uts, cgroup and network unless
+``network=True``) with all capabilities dropped, ``no_new_privs``, further user namespaces
+disabled (bwrap ``--disable-userns``), a cleared environment, a read-only view of the system
+(``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files and the running Python installation, so
+``python`` is this interpreter with pytest importable), a size-capped tmpfs ``/tmp`` and
+``/dev/shm``, a minimal ``/dev``, a fresh ``/proc`` (no ``/sys``) and a read-only root. Nothing
+outside the workspace (and ``/tmp``, ``/dev/shm``, extra ``binds``) is writable; host paths that
+are not bound do not exist inside. Inside, commands run as uid 0 of their user namespace,
+mapped to the caller's uid (files they write belong to the caller). bwrap itself starts with
+the environment :data:`_HOST_ENV` and working directory ``/``: the sandbox's pid 1 is a bwrap
+process whose ``/proc/1/environ`` the sandbox can read, so the caller's environment (tokens,
+keys) must never reach it; ``/proc/1/cmdline`` does show bwrap's arguments (host paths of the
+workspace and the Python installation). Needs Linux and bubblewrap >= 0.8
 (:func:`sandbox_available` says what is missing).
 
-Limits per ``exec``: ``RLIMIT_AS`` = ``cfg.memory_mb``, ``RLIMIT_FSIZE`` = :data:`MAX_FILE_MB`,
-``RLIMIT_CPU`` = the wall timeout rounded up plus 1 s, no core files; the wall timeout
-(``cfg.timeout_s`` unless given) kills the whole process tree: bwrap runs in its own process
-group, killing it makes the sandbox's pid-1 die (``--die-with-parent``) and the kernel then
-kills every process in the sandbox's pid namespace. A command never outlives its ``exec``
-(background jobs die with it). stdout and stderr are each capped at :data:`OUTPUT_CAP` bytes
-(head and tail kept, a marker says how much was cut).
+Session (``persistent=True``, the default): the first ``exec`` starts one long-lived bwrap whose
+process is a small ``/bin/sh`` command server (:data:`_SERVER`) reading length-framed commands
+from a pipe; each command runs in a fresh ``/bin/sh -c`` child with stdin ``/dev/null``, its
+output streams back over two pipes and its exit status over a third. When the command's main
+process exits the server kills every other process of the sandbox (``kill -9 -1`` from inside
+the pid namespace), so a command never outlives its ``exec`` (background jobs die with it) and
+the next command starts clean; ``/tmp`` persists between commands of a session. A round trip
+costs about a millisecond instead of a bwrap start. On a wall timeout, or if the server dies
+(a command can kill it), the whole session is killed and the next ``exec`` starts a new one
+(workspace kept, ``/tmp`` lost). ``exec`` with ``stdin`` or ``pass_fds``, and every ``exec`` of
+a ``persistent=False`` sandbox, runs in a one-shot bwrap of its own sharing the workspace.
+In-sandbox code can reach the server's pipes through ``/proc`` and garble or forge its own
+session's results: harmless, since rewards never come from session commands (the grader runs in
+fresh sandboxes of its own, see :mod:`shipyard.envs.grader`).
 
-Process-count limit (``cfg.max_processes``): ``RLIMIT_NPROC`` is counted per real user and
-is never enforced for a process whose host uid is 0 (the kernel exempts ``INIT_USER``), and
-a user namespace created by root maps the sandbox to host uid 0, so when we run as root the
-rlimit alone does nothing (measured here, kernel 6.18 as root: 200 forks succeed under
-``ulimit -u 20``). The sandbox
-therefore uses, in order: a ``pids`` cgroup made for this sandbox when one can be created
-(cgroup v1 ``pids`` hierarchy, or v2 where our cgroup delegates ``pids``), which also counts
-threads; else ``RLIMIT_NPROC`` set inside the sandbox (effective when the host uid is not 0);
-else none. :attr:`BwrapSandbox.process_limit` says which (``"cgroup"``, ``"rlimit"``,
-``"none"``); ``RLIMIT_NPROC`` is set inside in every case as defence in depth (the ``"rlimit"``
-path is untested here: our tests run as root, where the cgroup is used). The cgroup lives from
-construction to :meth:`~BwrapSandbox.close`; a host process killed hard leaves an empty
-``shipyard-sb-*`` cgroup directory behind. The rlimits and the cgroup move are applied in the
-forked child before ``exec`` of bwrap (``preexec_fn`` doing plain syscalls only).
+Copy-on-write fork (``base=DIR``): the workspace is an overlayfs whose read-only lower layer is
+the host directory ``DIR`` and whose upper layer is this sandbox's own directory, so creating a
+sandbox over a large repository copies nothing. The overlay is mounted in a user + mount
+namespace of its own (``unshare -Urm``, kernel >= 5.11) that bwrap then starts from; ``DIR``
+must not change while sandboxes use it. Host-side file access goes through the session's mount
+namespace (``/proc/PID/root``), so it starts the session when needed; a one-shot ``exec`` first
+ends the session (both would mount the same upper layer), and :meth:`~BwrapSandbox.spawn` is not
+available.
+
+Limits per command: ``RLIMIT_AS`` = ``cfg.memory_mb``, ``RLIMIT_FSIZE`` = :data:`MAX_FILE_MB`,
+``RLIMIT_CPU`` = the wall timeout rounded up plus 1 s, no core files, all set inside with
+``ulimit`` (POSIX ``sh`` units); the wall timeout (``cfg.timeout_s`` unless given) kills the
+whole process tree: bwrap runs in its own process group, killing it makes the sandbox's pid 1
+die (``--die-with-parent``) and the kernel then kills every process in the sandbox's pid
+namespace. stdout and stderr are each capped at :data:`OUTPUT_CAP` bytes (head and tail kept, a
+marker says how much was cut).
+
+Process-count limit (``cfg.max_processes``): ``RLIMIT_NPROC`` is counted per real user and is
+never enforced for a process whose host uid is 0, and a user namespace created by root maps the
+sandbox to host uid 0, so as root the rlimit alone does nothing. The sandbox therefore uses, in
+order: a ``pids`` cgroup made for this sandbox when one can be created (cgroup v1 ``pids``
+hierarchy, or v2 where our cgroup delegates ``pids``), which also counts threads and the
+sandbox's own bwrap and server processes (3 of the budget); else ``RLIMIT_NPROC`` (effective
+when the host uid is not 0); else none. :attr:`BwrapSandbox.process_limit` says which
+(``"cgroup"``, ``"rlimit"``, ``"none"``). Bwrap is moved into the cgroup by a ``/bin/sh``
+wrapper that execs it, so Python never forks with a ``preexec_fn`` (a plain ``vfork``/``exec``
+keeps starts cheap in large processes). The cgroup lives from construction to
+:meth:`~BwrapSandbox.close`; a host process killed hard leaves its empty ``shipyard-sb-PID-*``
+cgroups and temp directories behind, which :func:`reap_stale` removes (the first sandbox of
+every process runs it).
 
 Host-side access (:meth:`write`, :meth:`read`, :meth:`files`) never follows symlinks and
-rejects absolute paths and ``..``, so sandboxed code cannot make the host read or write
-outside the workspace; it relies on no sandboxed process running while it is called (true
-because ``exec`` is synchronous and kills everything it started).
+rejects absolute paths and ``..``, so sandboxed code cannot make the host read or write outside
+the workspace; it relies on no sandboxed process running while it is called (true because
+``exec`` is synchronous and kills everything it started). ``--die-with-parent`` ties a session
+to the thread that started it: if that thread ends, the session dies and the next ``exec``
+starts a new one.
 
-Limits not covered: no seccomp filter (the kernel's full syscall surface is reachable from an
-unprivileged user namespace); memory is limited per process, not per sandbox (worst case about
-``max_processes * memory_mb`` plus the two tmpfs); the workspace is a host directory without a disk quota (bounded
-only by ``RLIMIT_FSIZE`` per file and the timeout); ``--die-with-parent`` is tied to the
-calling thread, which ``exec`` keeps alive by blocking until the command ends.
+Limits not covered: no seccomp filter (the kernel's syscall surface reachable from an
+unprivileged user namespace stays reachable); memory is limited per process, not per sandbox
+(worst case about ``max_processes * memory_mb`` plus the two tmpfs); the workspace is a host
+directory without a disk quota (bounded only by ``RLIMIT_FSIZE`` per file and the timeout).
 
 Example::
 
@@ -59,7 +88,7 @@ import contextlib
 import functools
 import math
 import os
-import resource
+import re
 import selectors
 import shlex
 import shutil
@@ -72,8 +101,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
+from typing import IO, Any
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.types import ExecResult
@@ -98,10 +128,40 @@ _ETC_NET_FILES = ("hosts", "resolv.conf", "host.conf", "gai.conf", "ssl", "ca-ce
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _CG_ROOT = "/sys/fs/cgroup"
 _RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp"})
+_STATUS_CAP = 256
+_HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment bwrap starts with: its pid-1 process keeps it, and the sandbox can read
+that process's ``/proc/1/environ``, so the caller's environment (tokens, keys) never gets there."""
 _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`; "
     "Arch: `pacman -S bubblewrap`)"
 )
+_CG_WRAP = 'echo 0 > "$1" || exit 125; shift; exec "$@"'
+"""Host-side wrapper: move this shell into the sandbox's cgroup, then exec the rest (bwrap)."""
+_MOUNT_WRAP = (
+    'mount -t overlay shipyard -o "lowerdir=$1,upperdir=$2,workdir=$3,userxattr" "$4" || exit 125; '
+    'shift 4; exec "$@"'
+)
+"""Run under ``unshare -Urm``: mount the copy-on-write workspace, then exec bwrap."""
+_SERVER = r"""
+while IFS=' ' read -r seq n cpu; do
+  IFS= read -r cmd || exit 0
+  while [ "$n" -gt 1 ]; do
+    IFS= read -r line || exit 0
+    cmd="$cmd
+$line"
+    n=$((n - 1))
+  done
+  ( ulimit -t "$cpu" 2>/dev/null; exec /bin/sh -c "$cmd" ) </dev/null >"/proc/self/fd/$1"
+  rc=$?
+  kill -9 -1 2>/dev/null
+  echo "$seq $rc"
+done
+"""
+"""The session's command server: fd 0 brings commands, fd 1 takes statuses, fd 2 and fd ``$1``
+are the commands' stderr and stdout (dash only redirects fds 0-9, so the stdout pipe is reopened
+through ``/proc/self/fd``). Frame: ``SEQ NLINES CPU_S\\n`` then the command's NLINES lines;
+reply ``SEQ EXIT_STATUS\\n`` once the command and everything it started are gone."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,14 +170,14 @@ def sandbox_available() -> str | None:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return f"bubblewrap (`bwrap`) is not on PATH: {_INSTALL_HINT}"
-    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"]
-    probe += ["--size", "1048576", "--tmpfs", "/tmp", "--remount-ro", "/", "true"]
+    probe = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+    probe += ["--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp", "--remount-ro", "/", "true"]
     try:
         res = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"running `{shlex.join(probe)}` failed: {exc}"
-    if res.returncode != 0 and "size" in res.stderr:
-        return f"this bwrap is too old ({res.stderr.strip()}): bubblewrap >= 0.6 is needed; {_INSTALL_HINT}"
+    if res.returncode != 0 and ("Unknown option" in res.stderr or "size" in res.stderr):
+        return f"this bwrap is too old ({res.stderr.strip()}): bubblewrap >= 0.8 is needed; {_INSTALL_HINT}"
     if res.returncode != 0:
         return (
             f"bwrap cannot create namespaces here ({res.stderr.strip()}): allow unprivileged user "
@@ -209,6 +269,21 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _drain(fd: int, sink: _Capture | None) -> None:
+    """Read a non-blocking fd until it is empty (EOF or EAGAIN), into ``sink`` or nowhere."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            return
+        if not chunk:
+            return
+        if sink is not None:
+            sink.add(chunk)
+
+
 def _cgroup_candidates() -> list[str]:
     """Directories of this process's cgroups whose children could get a ``pids.max``."""
     try:
@@ -262,18 +337,52 @@ def _remove_cgroup(path: str) -> None:
             time.sleep(0.02)
 
 
-def _cleanup(workdir: str, cgroup: str | None) -> None:
-    if cgroup is not None:
-        _remove_cgroup(cgroup)
+_OWNED = re.compile(r"^shipyard-(?:sb|grade)-(\d+)-")
 
-    def _onerror(func: Callable[..., object], path: str, _exc: object) -> None:
-        try:
-            os.chmod(os.path.dirname(path), 0o700)
-            func(path)
-        except OSError:
-            pass
 
-    shutil.rmtree(workdir, onerror=_onerror)
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def reap_stale() -> int:
+    """Remove what sandboxes of dead processes left behind; returns how many entries went.
+
+    A process killed hard (``SIGKILL``, e.g. a Ray actor torn down) runs no finalizer: its
+    sandboxes' processes die with it (``--die-with-parent``) but their empty ``shipyard-sb-PID-*``
+    cgroups and ``shipyard-sb-PID-*`` / ``shipyard-grade-PID-*`` temp directories stay. This
+    removes those whose PID is not a live process here. Runs once per process, on the first
+    sandbox. Assumes the temp directory and cgroups are not shared with another pid namespace.
+    """
+    removed = 0
+    for parent in _cgroup_candidates():
+        for name in os.listdir(parent):
+            m = _OWNED.match(name)
+            if m and _dead(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(parent, name))  # fails (and stays) if not empty
+                    removed += 1
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        m = _OWNED.match(name)
+        path = os.path.join(tmp, name)
+        if m and _dead(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
+            _release(_Resources(path, None))
+            removed += 1
+    return removed
+
+
+@functools.lru_cache(maxsize=1)
+def _reap_once() -> int:
+    try:
+        return reap_stale()
+    except OSError:
+        return 0
 
 
 def _python_roots() -> list[str]:
@@ -300,11 +409,163 @@ def _system_args(network: bool) -> list[str]:
     return args
 
 
+class _Session:
+    """A running command server (:data:`_SERVER`) and the host ends of its pipes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], cmd_w: int, out_r: int, err_r: int, st_r: int) -> None:
+        self.proc, self.cmd_w, self.out_r, self.err_r, self.st_r = proc, cmd_w, out_r, err_r, st_r
+        for fd in (cmd_w, out_r, err_r, st_r):
+            os.set_blocking(fd, False)
+        self.seq = 0
+        self.answered = False
+        """Whether the server has answered a command (so, for ``base``, the overlay is mounted)."""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, graceful: bool = False) -> None:
+        """End the session; ``graceful``: close its command pipe and let it exit (so every process
+        is reaped by its parent and its CPU time is accounted to us), killing it after 1 s."""
+        if graceful and self.alive():
+            os.close(self.cmd_w)
+            self.cmd_w = -1
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=1.0)
+        _kill_group(self.proc)
+        self.proc.wait()
+        for fd in (self.cmd_w, self.out_r, self.err_r, self.st_r):
+            if fd >= 0:
+                os.close(fd)
+        self.cmd_w = self.out_r = self.err_r = self.st_r = -1
+
+    def run(self, cmd: bytes, timeout: float) -> tuple[int | None, str, str, str]:
+        """(exit status or None, stdout, stderr, problem): problem is '' or 'timeout'/'died'/'protocol'."""
+        deadline = time.monotonic() + timeout
+        _drain(self.out_r, None)  # bytes a killed background job wrote after the last status
+        _drain(self.err_r, None)
+        self.seq += 1
+        lines = cmd.count(b"\n") + 1
+        pending = memoryview(f"{self.seq} {lines} {math.ceil(timeout) + 1}\n".encode() + cmd + b"\n")
+        caps = {self.out_r: _Capture(OUTPUT_CAP), self.err_r: _Capture(OUTPUT_CAP)}
+        status = bytearray()
+        sel = selectors.DefaultSelector()
+        for fd in (self.out_r, self.err_r, self.st_r):
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(self.cmd_w, selectors.EVENT_WRITE)
+        problem = ""
+        try:
+            while b"\n" not in status and not problem:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    problem = "timeout"
+                    break
+                for key, _ in sel.select(timeout=min(left, 1.0)):
+                    if key.fd == self.cmd_w:
+                        pending = self._feed(pending)
+                        if not pending:
+                            sel.unregister(self.cmd_w)
+                    elif not self._read_into(key.fd, caps.get(key.fd), status):
+                        problem = "died"
+                if len(status) > _STATUS_CAP:
+                    problem = "protocol"
+        finally:
+            sel.close()
+        for fd, cap in caps.items():
+            _drain(fd, cap)
+        out, err = caps[self.out_r].text(), caps[self.err_r].text()
+        problem = problem or self._check(bytes(status))
+        self.answered = self.answered or not problem
+        return self._status(bytes(status), problem), out, err, problem
+
+    def _feed(self, pending: memoryview) -> memoryview:
+        try:
+            return pending[os.write(self.cmd_w, pending[:65536]) :]
+        except BlockingIOError:
+            return pending
+        except BrokenPipeError:
+            return pending[:0]
+
+    def _read_into(self, fd: int, cap: _Capture | None, status: bytearray) -> bool:
+        """Read what ``fd`` has into its capture (or the status buffer); False on EOF."""
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        if cap is not None:
+            cap.add(chunk)
+        else:
+            status += chunk
+        return True
+
+    def _status(self, status: bytes, problem: str) -> int | None:
+        parts = status.split(b"\n", 1)[0].split()
+        if problem or len(parts) != 2 or not parts[1].isdigit():
+            return None
+        return int(parts[1])
+
+    def _check(self, status: bytes) -> str:
+        parts = status.split(b"\n", 1)[0].split()
+        ok = len(parts) == 2 and parts[0] == str(self.seq).encode() and parts[1].isdigit()
+        return "" if ok and status.endswith(b"\n") and status.count(b"\n") == 1 else "protocol"
+
+
+class _Resources:
+    """What :meth:`BwrapSandbox.close` (or garbage collection) must release."""
+
+    def __init__(self, root: str, cgroup: str | None) -> None:
+        self.root = root
+        self.cgroup = cgroup
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.session: _Session | None = None
+
+    def end_session(self, graceful: bool = False) -> None:
+        if self.session is not None:
+            self.session.kill(graceful)
+            with contextlib.suppress(ValueError):
+                self.procs.remove(self.session.proc)
+            self.session = None
+
+
+def _release(res: _Resources) -> None:
+    res.end_session(graceful=True)
+    for proc in res.procs:
+        _kill_group(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    res.procs.clear()
+    if res.cgroup is not None:
+        _remove_cgroup(res.cgroup)
+
+    def _onerror(func: Callable[..., object], path: str, _exc: object) -> None:
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            func(path)
+        except OSError:
+            pass
+
+    shutil.rmtree(res.root, onerror=_onerror)
+
+
+def _check_base(base: str) -> str:
+    path = os.path.realpath(base)
+    if not os.path.isdir(path):
+        raise ValueError(f"base: {base!r} is not a directory; give the host directory to fork")
+    if any(c in path for c in ",:\\"):
+        raise ValueError(f"base: {path!r} contains ',', ':' or '\\\\', which overlayfs options cannot hold")
+    if shutil.which("unshare") is None:
+        raise ValueError("base: needs `unshare` (util-linux) on PATH to mount the copy-on-write workspace")
+    return path
+
+
 class BwrapSandbox:
     """One persistent sandboxed workspace; see the module docstring for isolation and limits.
 
     ``binds`` maps extra host directories (which must exist) to absolute sandbox paths, mounted
-    read-write; the grader uses it for a report directory made fresh per grading.
+    read-write; the grader uses it for a report directory made fresh per grading. ``base`` makes
+    the workspace a copy-on-write fork of a host directory. ``persistent=False`` runs every
+    ``exec`` in a one-shot bwrap (no session).
     """
 
     def __init__(
@@ -314,12 +575,15 @@ class BwrapSandbox:
         network: bool = False,
         *,
         binds: Mapping[str, str] | None = None,
+        base: str | None = None,
+        persistent: bool = True,
     ) -> None:
         problem = sandbox_available()
         if problem is not None:
             raise RuntimeError(problem)
         self.cfg = cfg if cfg is not None else SandboxConfig()
         self.network = network
+        self.persistent = persistent
         self._binds = dict(binds or {})
         for host, inside in self._binds.items():
             if not os.path.isdir(host):
@@ -329,13 +593,18 @@ class BwrapSandbox:
                 raise ValueError(
                     f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
                 )
+        self._base = _check_base(base) if base is not None else None
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        self.root = tempfile.mkdtemp(prefix="shipyard-sb-")
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._cgroup = _make_pids_cgroup(self.cfg.max_processes)
-        self._finalizer = weakref.finalize(self, _cleanup, self.root, self._cgroup)
-        if self._cgroup is not None:
+        _reap_once()
+        self.root = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
+        self._ws = self.root if self._base is None else os.path.join(self.root, "upper")
+        self._layers = [os.path.join(self.root, d) for d in ("upper", "work", "merged")] if base else []
+        for d in self._layers:
+            os.mkdir(d)
+        self._lock = threading.RLock()
+        self._res = _Resources(self.root, _make_pids_cgroup(self.cfg.max_processes))
+        self._finalizer = weakref.finalize(self, _release, self._res)
+        if self._res.cgroup is not None:
             self.process_limit = "cgroup"
         else:
             self.process_limit = "rlimit" if os.getuid() != 0 else "none"
@@ -354,11 +623,23 @@ class BwrapSandbox:
     ) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- running commands
-    def _argv(self, cmd: str) -> list[str]:
+    @property
+    def cgroup(self) -> str | None:
+        """Host path of this sandbox's ``pids`` cgroup (None when ``process_limit`` is not ``"cgroup"``)."""
+        return self._res.cgroup
+
+    @property
+    def session_pid(self) -> int | None:
+        """Host pid of the running session's bwrap (its sandbox processes are its descendants)."""
+        session = self._res.session
+        return session.proc.pid if session is not None and session.alive() else None
+
+    # ----------------------------------------------------------------- launching bwrap
+    def _bwrap_argv(self) -> list[str]:
         py_bin = os.path.dirname(os.path.abspath(sys.executable))
         path = ":".join(dict.fromkeys([py_bin, "/usr/local/bin", "/usr/bin", "/bin"]))
-        argv = [self._bwrap, "--unshare-all"] + (["--share-net"] if self.network else [])
+        argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+        argv += ["--share-net"] if self.network else []
         argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
         argv += _system_args(self.network)
         size = str(TMPFS_MB * 1024 * 1024)
@@ -366,7 +647,7 @@ class BwrapSandbox:
         argv += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         for root in _python_roots():
             argv += ["--ro-bind", root, root]
-        argv += ["--bind", self.root, WORKDIR]
+        argv += ["--bind", self._layers[2] if self._base else self._ws, WORKDIR]
         for host, inside in self._binds.items():
             argv += ["--bind", host, inside]
         argv += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]
@@ -380,32 +661,82 @@ class BwrapSandbox:
         }
         for k, v in env.items():
             argv += ["--setenv", k, v]
-        n = self.cfg.max_processes
-        limit = f'ulimit -u {n} 2>/dev/null || ulimit -p {n} 2>/dev/null; exec /bin/sh -c "$1"'
-        return argv + ["/bin/sh", "-c", limit, "sandbox-sh", cmd]
+        return argv
 
-    def _preexec(self, timeout_s: float) -> Callable[[], None]:
-        mem = self.cfg.memory_mb * 1024 * 1024
-        fsize = MAX_FILE_MB * 1024 * 1024
-        cpu = math.ceil(timeout_s) + 1
-        procs = os.path.join(self._cgroup, "cgroup.procs") if self._cgroup else None
+    def _limits(self) -> str:
+        """Shell prelude setting the per-process rlimits (POSIX sh units: KiB, 512-byte blocks)."""
+        kib, blocks, n = self.cfg.memory_mb * 1024, MAX_FILE_MB * 2048, self.cfg.max_processes
+        return (
+            f"ulimit -c 0 2>/dev/null; ulimit -v {kib} 2>/dev/null; ulimit -f {blocks} 2>/dev/null; "
+            f"ulimit -u {n} 2>/dev/null || ulimit -p {n} 2>/dev/null; "
+        )
 
-        def apply() -> None:  # runs in the forked child: plain syscalls only
-            if procs is not None:
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    def _launch(self, tail: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+        """Start bwrap running ``tail`` (through the overlay and cgroup wrappers when needed)."""
+        argv = self._bwrap_argv() + list(tail)
+        if self._base is not None:
+            wrap = [
+                shutil.which("unshare") or "unshare",
+                "-Urm",
+                "/bin/sh",
+                "-c",
+                _MOUNT_WRAP,
+                "shipyard-mount",
+            ]
+            wrap.append(self._base)
+            argv = wrap + self._layers + argv
+        if self._res.cgroup is not None:
+            procs = os.path.join(self._res.cgroup, "cgroup.procs")
+            argv = ["/bin/sh", "-c", _CG_WRAP, "shipyard-cgroup", procs] + argv
+        self._res.procs[:] = [p for p in self._res.procs if p.poll() is None]
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
+            argv, start_new_session=True, env=_HOST_ENV, cwd="/", **popen
+        )
+        self._res.procs.append(proc)
+        return proc
 
-        return apply
+    def _session(self, mounted: bool = False) -> _Session:
+        """The running session, started when there is none; ``mounted``: wait until it has answered."""
+        res = self._res
+        if res.session is not None and res.session.alive():
+            if mounted and not res.session.answered and res.session.run(b":", 30.0)[3]:
+                raise RuntimeError(f"the copy-on-write workspace over {self._base!r} could not be mounted")
+            return res.session
+        res.end_session()
+        cmd_r, cmd_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        try:
+            tail = ["/bin/sh", "-c", self._limits() + _SERVER, "shipyard-session", str(out_w)]
+            proc = self._launch(tail, stdin=cmd_r, stdout=st_w, stderr=err_w, pass_fds=(out_w,))
+        except BaseException:
+            for fd in (cmd_w, out_r, err_r, st_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (cmd_r, out_w, err_w, st_w):
+                os.close(fd)
+        res.session = _Session(proc, cmd_w, out_r, err_r, st_r)
+        if mounted and res.session.run(b":", 30.0)[3]:
+            res.end_session()
+            raise RuntimeError(f"the copy-on-write workspace over {self._base!r} could not be mounted")
+        return res.session
 
-    def exec(self, cmd: str, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
-        """Run ``cmd`` with ``/bin/sh -c`` in the workspace; kill everything after ``timeout_s``."""
+    # ----------------------------------------------------------------- running commands
+    def exec(
+        self,
+        cmd: str,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        *,
+        pass_fds: Sequence[int] = (),
+    ) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c`` in the workspace; kill everything after ``timeout_s``.
+
+        ``pass_fds`` are host file descriptors the command inherits (same numbers); with them,
+        or with ``stdin``, the command runs in a one-shot bwrap rather than the session.
+        """
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
         if not timeout > 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0 (seconds of wall-clock time)")
@@ -414,40 +745,104 @@ class BwrapSandbox:
         if "\0" in cmd:  # what a shell would refuse too; not worth failing the session over
             return ExecResult(2, "", "sandbox: the command contains a NUL byte\n", False, 0.0)
         with self._lock:
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                self._argv(cmd),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=self._preexec(timeout),
+            if self.persistent and stdin is None and not pass_fds:
+                return self._exec_session(cmd, timeout)
+            if self._base is not None:
+                self._res.end_session()  # a one-shot bwrap mounts the same upper layer
+            return self._exec_once(cmd, timeout, stdin, tuple(pass_fds))
+
+    def _exec_session(self, cmd: str, timeout: float) -> ExecResult:
+        start = time.monotonic()
+        session = self._session()
+        code, out, err, problem = session.run(cmd.encode("utf-8", "surrogateescape"), timeout)
+        if problem:
+            proc = session.proc
+            self._res.end_session()
+            if problem != "timeout":
+                err += f"\n[sandbox: the session's command server {'died' if problem == 'died' else 'sent garbage'}"
+                err += (
+                    " during this command; the next command starts a new session (files kept, /tmp lost)]\n"
+                )
+            code = proc.returncode if problem != "timeout" and proc.returncode else -signal.SIGKILL
+        assert code is not None
+        return ExecResult(code, out, err, problem == "timeout", time.monotonic() - start)
+
+    def _exec_once(
+        self, cmd: str, timeout: float, stdin: str | None, pass_fds: tuple[int, ...]
+    ) -> ExecResult:
+        start = time.monotonic()
+        run = self._limits() + f'ulimit -t {math.ceil(timeout) + 1} 2>/dev/null; exec /bin/sh -c "$1"'
+        proc = self._launch(
+            ["/bin/sh", "-c", run, "sandbox-sh", cmd],
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+        )
+        try:
+            data = stdin.encode() if stdin is not None else None
+            out, err, timed_out = _pump(proc, data, start + timeout)
+            if not timed_out:  # output closed; the command may still be running
+                try:
+                    proc.wait(timeout=max(0.0, start + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+        finally:
+            _kill_group(proc)
+            proc.wait()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            with contextlib.suppress(ValueError):
+                self._res.procs.remove(proc)
+        return ExecResult(proc.returncode, out, err, timed_out, time.monotonic() - start)
+
+    def spawn(
+        self,
+        cmd: str,
+        *,
+        stdin: int | IO[bytes] | None = None,
+        stdout: int | IO[bytes] | None = None,
+        stderr: int | IO[bytes] | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` in a one-shot bwrap over this workspace and return at once.
+
+        The caller waits for or kills the process (its group: ``os.killpg(p.pid, SIGKILL)``);
+        :meth:`close` kills it if it still runs. No wall timeout applies; the rlimits do, with
+        ``RLIMIT_CPU`` at ``cfg.timeout_s`` + 1 s. Not available with ``base``.
+        """
+        if self._base is not None:
+            raise ValueError("spawn: not available for a sandbox with base (its session owns the overlay)")
+        if not self._finalizer.alive:
+            raise RuntimeError("spawn on a closed sandbox; create a new BwrapSandbox")
+        run = (
+            self._limits()
+            + f'ulimit -t {math.ceil(self.cfg.timeout_s) + 1} 2>/dev/null; exec /bin/sh -c "$1"'
+        )
+        with self._lock:
+            return self._launch(
+                ["/bin/sh", "-c", run, "sandbox-sh", cmd],
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=tuple(pass_fds),
             )
-            self._proc = proc
-            try:
-                data = stdin.encode() if stdin is not None else None
-                out, err, timed_out = _pump(proc, data, start + timeout)
-                if not timed_out:  # output closed; the command may still be running
-                    try:
-                        proc.wait(timeout=max(0.0, start + timeout - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        timed_out = True
-            finally:
-                _kill_group(proc)
-                proc.wait()
-                for f in (proc.stdin, proc.stdout, proc.stderr):
-                    if f is not None:
-                        f.close()
-                self._proc = None
-            return ExecResult(proc.returncode, out, err, timed_out, time.monotonic() - start)
 
     # ----------------------------------------------------------------- host-side file access
+    def _view(self) -> str:
+        """Host path of the workspace as the sandbox sees it (``base``: through the session)."""
+        if self._base is None:
+            return self._ws
+        with self._lock:
+            return f"/proc/{self._session(mounted=True).proc.pid}/root{self._layers[2]}"
+
     def _host_path(self, path: str) -> str:
         """Host path of workspace-relative ``path``; no absolute paths, ``..`` or symlinks."""
         parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
         if not path or path.startswith("/") or not parts or ".." in parts:
             raise ValueError(f"path {path!r} must be relative to the workspace, without '..'")
-        cur = self.root
+        cur = self._view()
         for part in parts:
             cur = os.path.join(cur, part)
             if os.path.islink(cur):
@@ -474,7 +869,8 @@ class BwrapSandbox:
     def files(self) -> dict[str, str]:
         """UTF-8 text files of the workspace (relative path -> content), see the module limits."""
         out: dict[str, str] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+        top = self._view()
+        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
             for name in sorted(filenames):
                 if len(out) >= MAX_LISTED_FILES:
@@ -482,14 +878,15 @@ class BwrapSandbox:
                 host = os.path.join(dirpath, name)
                 text = _read_text(host)
                 if text is not None:
-                    out[os.path.relpath(host, self.root).replace(os.sep, "/")] = text
+                    out[os.path.relpath(host, top).replace(os.sep, "/")] = text
         return out
 
     def close(self) -> None:
-        """Kill anything still running and remove the workspace (idempotent)."""
-        proc = self._proc
-        if proc is not None:
-            _kill_group(proc)
+        """End the session, kill anything else still running and remove the workspace (idempotent)."""
+        session = self._res.session.proc if self._res.session is not None else None
+        for proc in list(self._res.procs):
+            if proc is not session:
+                _kill_group(proc)
         self._finalizer()
 
 

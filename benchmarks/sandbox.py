@@ -1,0 +1,425 @@
+"""Benchmark: sandbox start, session round trips, lifecycles, pytest overhead, memory, copy-on-write
+forks, a burst with leak accounting, and the grader's resistance to the hack corpus.
+
+Contract: every figure comes from real bubblewrap sandboxes on this machine
+(:class:`shipyard.envs.sandbox.BwrapSandbox`) and the production grader
+(:func:`shipyard.envs.grader.grade`):
+
+- ``create_p50_ms`` / ``create_p99_ms``: construction (workspace with one file) to the first
+  command's result (``exec("true")``, which starts the session);
+- ``rtt_p50_ms``: ``exec("true")`` in a running session (p99 printed too);
+- ``lifecycles_per_s_per_core``: create + one command + close, sequentially, divided by the CPU
+  seconds they used (this process and all its children: bwrap, shells); the wall-clock rate is
+  ``lifecycles_per_s_wall``;
+- ``pytest_overhead_frac``: median time of ``python -m pytest -q`` on a task's visible tests
+  in a session, over the same command run directly on the host (same interpreter, same files),
+  minus 1; runs alternate;
+- ``idle_mib``: RSS summed over a session's processes (bwrap, the sandbox's pid 1, the server)
+  after one command; ``idle_pss_mib`` and ``idle_anon_mib`` say how much of it is shared;
+- ``fork_ms``: CPU milliseconds (this process and its children) a copy-on-write fork of a
+  5,000-file directory (``base=``, an overlayfs) adds to create + first command + close over a
+  plain sandbox, from alternating runs; the wall-clock medians (``fork_total_ms``,
+  ``fork_plain_ms``, their difference ``fork_wall_delta_ms``) are printed too, but on a loaded
+  machine their difference is within the noise; ``copy_ms`` is what copying the files instead
+  takes (``shutil.copytree``, wall);
+- ``burst_n`` sandboxes through 8 threads (create, ``echo``, check, close): ``burst_failures``,
+  and afterwards leaked processes (whose command line names a burst workspace), host mounts,
+  ``pids`` cgroups of this process and workspace directories;
+- ``isolation_properties``: properties of ``tests/envs/test_isolation.py`` whose test passes
+  (run with pytest here);
+- ``hacks_n`` / ``hacks_passed``: hacks of ``tests/envs/hacks`` with a reward above 0 under the
+  production grader (the naive exit-code grader's count and the detectors' coverage are printed
+  too); ``honest_pass_frac``: reference solutions (one task per generated family, plus the
+  hacks' tasks) with reward 1.
+
+Prints a rich table and writes ``benchmarks/results/sandbox.json`` (``--out``).
+
+Limits: the machine is shared (its load average is recorded); wall-clock figures include that
+contention, CPU-based ones do not include kernel work done asynchronously (namespace teardown).
+
+Usage::
+
+    nice -n 19 .venv/bin/python benchmarks/sandbox.py            # full: burst of 1,000
+    nice -n 19 .venv/bin/python benchmarks/sandbox.py --quick    # < 1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shipyard.agent.session import RUN_VISIBLE, workspace_files
+from shipyard.config.schema import SandboxConfig
+from shipyard.envs.anticheat import detect
+from shipyard.envs.grader import grade
+from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
+from shipyard.envs.tasks import generated_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = SandboxConfig(timeout_s=20)
+TARGETS = {
+    "create_p50_ms": ("<=", 10.0),
+    "create_p99_ms": ("<=", 30.0),
+    "rtt_p50_ms": ("<=", 2.0),
+    "lifecycles_per_s_per_core": (">=", 100.0),
+    "pytest_overhead_frac": ("<=", 0.05),
+    "idle_mib": ("<=", 4.0),
+    "fork_ms": ("<=", 5.0),
+    "burst_failures": ("<=", 0),
+    "hacks_passed": ("<=", 0),
+    "honest_pass_frac": (">=", 1.0),
+}
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_create(n: int) -> dict[str, float]:
+    files = {"solution.py": "def f():\n    return 1\n"}
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        sb = BwrapSandbox(files, CFG)
+        assert sb.exec("true").returncode == 0
+        samples.append(time.perf_counter() - start)
+        sb.close()
+    return {"create_p50_ms": _ms(_pct(samples, 0.5)), "create_p99_ms": _ms(_pct(samples, 0.99))}
+
+
+def bench_rtt(n: int) -> dict[str, float]:
+    with BwrapSandbox(None, CFG) as sb:
+        sb.exec("true")
+        samples = [_timed(lambda: sb.exec("true")) for _ in range(n)]
+    return {"rtt_p50_ms": _ms(_pct(samples, 0.5)), "rtt_p99_ms": _ms(_pct(samples, 0.99))}
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def bench_lifecycles(n: int) -> dict[str, float]:
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    for _ in range(n):
+        with BwrapSandbox({"a.txt": "a"}, CFG) as sb:
+            assert sb.exec("true").returncode == 0
+    cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return {
+        "lifecycles_per_s_per_core": round(n / cpu, 1),
+        "lifecycles_per_s_wall": round(n / wall, 1),
+        "lifecycle_cpu_ms": _ms(cpu / n),
+    }
+
+
+def _host_run(cmd: str, cwd: str, env: dict[str, str]) -> None:
+    subprocess.run(cmd, shell=True, cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def bench_pytest(rounds: int) -> dict[str, float]:
+    task = generated_tasks(1, 0)[0]
+    files = {**workspace_files(task), "solution.py": task.reference}
+    env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    env |= {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+    host_dir = tempfile.mkdtemp(prefix="shipyard-bench-")
+    for name, text in files.items():
+        Path(host_dir, name).write_text(text)
+    sandboxed, host = [], []
+    with BwrapSandbox(files, CFG) as sb:
+        assert sb.exec(RUN_VISIBLE).returncode == 0
+        for _ in range(rounds):
+            sandboxed.append(_timed(lambda: sb.exec(RUN_VISIBLE)))
+            host.append(_timed(lambda: _host_run(RUN_VISIBLE, host_dir, env)))
+    shutil.rmtree(host_dir)
+    sb_med, host_med = statistics.median(sandboxed), statistics.median(host)
+    return {
+        "pytest_overhead_frac": round(sb_med / host_med - 1, 4),
+        "pytest_sandboxed_ms": _ms(sb_med),
+        "pytest_host_ms": _ms(host_med),
+    }
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{task}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+    return out
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _pss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+
+
+def bench_idle(n: int = 5) -> dict[str, float]:
+    rss, pss, anon, procs = [], [], [], []
+    for _ in range(n):
+        with BwrapSandbox(None, CFG) as sb:
+            sb.exec("true")
+            time.sleep(0.05)
+            assert sb.session_pid is not None
+            pids = _descendants(sb.session_pid)
+            procs.append(len(pids))
+            rss.append(sum(_status_kib(p, "VmRSS") for p in pids) / 1024)
+            anon.append(sum(_status_kib(p, "RssAnon") for p in pids) / 1024)
+            pss.append(sum(_pss_kib(p) for p in pids) / 1024)
+    return {
+        "idle_mib": round(statistics.median(rss), 2),
+        "idle_pss_mib": round(statistics.median(pss), 2),
+        "idle_anon_mib": round(statistics.median(anon), 2),
+        "idle_processes": statistics.median(procs),
+    }
+
+
+def _make_repo(root: Path, files: int = 5000, per_dir: int = 50) -> None:
+    for i in range(files):
+        d = root / f"pkg_{i // per_dir:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"mod_{i % per_dir:02d}.py").write_text(f"# module {i}\n" + "def f(x):\n    return x + 1\n" * 20)
+
+
+def bench_fork(rounds: int, copies: int) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="shipyard-bench-repo-"))
+    repo = tmp / "repo"
+    _make_repo(repo)
+    plain: list[float] = []
+    fork: list[float] = []
+    copy: list[float] = []
+    cpu = {"plain": 0.0, "fork": 0.0}
+    try:
+        with BwrapSandbox(None, CFG, base=str(repo)) as sb:
+            assert sb.exec("find . -name '*.py' | wc -l").stdout.strip() == "5000"
+        for _ in range(rounds):
+            for kind, base, samples in (("plain", None, plain), ("fork", str(repo), fork)):
+                cpu0, start = _cpu_s(), time.perf_counter()
+                with BwrapSandbox(None, CFG, base=base) as sb:
+                    assert sb.exec("ls pkg_099 > /dev/null 2>&1; true").returncode == 0
+                    samples.append(time.perf_counter() - start)
+                cpu[kind] += _cpu_s() - cpu0
+        for i in range(copies):
+            copy.append(_timed(lambda i=i: shutil.copytree(repo, tmp / f"copy{i}")))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "fork_ms": _ms((cpu["fork"] - cpu["plain"]) / rounds),
+        "fork_wall_delta_ms": _ms(statistics.median(fork) - statistics.median(plain)),
+        "fork_total_ms": _ms(statistics.median(fork)),
+        "fork_plain_ms": _ms(statistics.median(plain)),
+        "copy_ms": _ms(statistics.median(copy)),
+    }
+
+
+def _leaks(roots: list[str]) -> dict[str, int]:
+    procs = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        procs += any(root in cmdline for root in roots)
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for line in f if any(root in line for root in roots))
+    cgroups = 0
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.isdir(base):
+            for dirpath, dirnames, _ in os.walk(base):
+                cgroups += sum(1 for d in dirnames if d.startswith(f"shipyard-sb-{os.getpid()}-"))
+                if dirpath.count("/") > 6:
+                    dirnames[:] = []
+    dirs = sum(1 for root in roots if os.path.exists(root))
+    return {
+        "burst_leaked_processes": procs,
+        "burst_leaked_mounts": mounts,
+        "burst_leaked_cgroups": cgroups,
+        "burst_leaked_dirs": dirs,
+    }
+
+
+def bench_burst(n: int, workers: int = 8) -> dict[str, float]:
+    roots: list[str] = []
+
+    def one(i: int) -> bool:
+        try:
+            with BwrapSandbox({"i.txt": str(i)}, CFG) as sb:
+                roots.append(sb.root)
+                res = sb.exec("cat i.txt; echo")
+                return res.returncode == 0 and res.stdout == f"{i}\n"
+        except Exception:
+            return False
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        ok = list(pool.map(one, range(n)))
+    wall = time.perf_counter() - start
+    time.sleep(0.5)  # the kernel tears dead pid namespaces down asynchronously
+    return {"burst_n": n, "burst_failures": ok.count(False), "burst_per_s": round(n / wall, 1)} | _leaks(
+        roots
+    )
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_isolation() -> dict[str, float]:
+    suite = ROOT / "tests" / "envs" / "test_isolation.py"
+    props = _load(suite, "shipyard_bench_isolation").PROPERTIES
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(suite),
+            f"--junitxml={xml}",
+        ]
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, capture_output=True, check=False)
+        wall = time.perf_counter() - start
+        passed = {
+            case.get("name")
+            for case in ET.parse(xml).iter("testcase")
+            if not any(case.find(t) is not None for t in ("failure", "error", "skipped"))
+        }
+    return {
+        "isolation_properties": sum(1 for p in props if f"test_{p}" in passed),
+        "isolation_declared": len(props),
+        "isolation_suite_s": round(wall, 2),
+    }
+
+
+def bench_hacks(families: int) -> dict[str, float]:
+    corpus = _load(ROOT / "tests" / "envs" / "test_hacks.py", "shipyard_bench_hacks")
+    hacks, naive_grade = corpus.HACKS, corpus.naive_grade
+    honest_tasks = {t.id: t for t in generated_tasks(60, 0)[:families]} | {h.task.id: h.task for h in hacks}
+
+    def hack(h: Any) -> tuple[float, bool]:
+        return grade(h.task, h.files, CFG).reward, naive_grade(h.task, h.files)
+
+    def honest(task: Any) -> float:
+        return grade(task, {**workspace_files(task), "solution.py": task.reference}, CFG).reward
+
+    with ThreadPoolExecutor(4) as pool:
+        hack_results = list(pool.map(hack, hacks))
+        honest_rewards = list(pool.map(honest, honest_tasks.values()))
+    flagged = sum(1 for h in hacks if detect(h.files, [], original=workspace_files(h.task)))
+    return {
+        "hacks_n": len(hacks),
+        "hacks_passed": sum(1 for reward, _ in hack_results if reward > 0),
+        "hacks_naive_passed": sum(1 for _, naive in hack_results if naive),
+        "hacks_flagged": flagged,
+        "honest_n": len(honest_rewards),
+        "honest_pass_frac": round(sum(1 for r in honest_rewards if r == 1.0) / len(honest_rewards), 4),
+    }
+
+
+def _verdict(key: str, value: float) -> str:
+    if key not in TARGETS:
+        return ""
+    op, target = TARGETS[key]
+    ok = value <= target if op == "<=" else value >= target
+    return f"[green]{op} {target} ok[/]" if ok else f"[red]{op} {target} missed[/]"
+
+
+def _print(result: dict[str, Any]) -> None:
+    table = Table(title=f"Sandbox benchmark ({'quick' if result['quick'] else 'full'}, {result['machine']})")
+    for col in ("figure", "value", "target"):
+        table.add_column(col)
+    for key, value in result.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            table.add_row(key, f"{value:g}", _verdict(key, value))
+    Console().print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples, burst of 100 (< 1 minute)")
+    ap.add_argument(
+        "--burst", type=int, default=None, help="sandboxes in the burst (default 1000, quick 100)"
+    )
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox.json"))
+    args = ap.parse_args()
+    problem = sandbox_available()
+    if problem is not None:
+        raise SystemExit(f"sandboxes cannot run here: {problem}")
+    q = args.quick
+    result: dict[str, Any] = {"quick": q, "machine": f"{platform.node()} {os.cpu_count()} cpus"}
+    result["load_avg_before"] = round(os.getloadavg()[0], 2)
+    phases: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("create", lambda: bench_create(20 if q else 300)),
+        ("rtt", lambda: bench_rtt(200 if q else 2000)),
+        ("lifecycles", lambda: bench_lifecycles(30 if q else 300)),
+        ("pytest", lambda: bench_pytest(3 if q else 15)),
+        ("idle", bench_idle),
+        ("fork", lambda: bench_fork(8 if q else 30, 1 if q else 3)),
+        ("burst", lambda: bench_burst(args.burst or (100 if q else 1000))),
+        ("isolation", bench_isolation),
+        ("hacks", lambda: bench_hacks(12 if q else 60)),
+    ]
+    timings = {}
+    for name, phase in phases:
+        start = time.perf_counter()
+        result |= phase()
+        timings[name] = round(time.perf_counter() - start, 1)
+    result["load_avg_after"] = round(os.getloadavg()[0], 2)
+    result["phase_s"] = timings
+    result["kernel"] = platform.release()
+    result["bwrap"] = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
+    _print(result)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+def largest(nums):
+    return None

@@ -1,0 +1,2 @@
+def last(items):
+    return None
