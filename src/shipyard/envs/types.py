@@ -70,20 +70,15 @@ class RewardResult:
 class Sandbox(Protocol):
     def exec(self, cmd: str, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         """Run a shell command in the workspace; the whole process tree is killed on timeout."""
-        ...
 
     def write(self, path: str, content: str) -> None:
         """Write a file (relative to the workspace)."""
-        ...
 
     def read(self, path: str) -> str:
         """Read a file (relative to the workspace)."""
-        ...
 
     def files(self) -> dict[str, str]:
         """All text files of the workspace (relative path -> content)."""
-        ...
 
     def close(self) -> None:
         """Kill everything still running and remove the workspace."""
-        ...
