@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,15 +49,6 @@ def _lively(model: Any, seed: int, std: float = 0.15) -> Any:
 def _tiny(kind: str, seed: int = 0) -> tuple[Any, Any]:
     model, tok = load_model(ModelConfig(source="tiny", tiny=kind))
     return _lively(model, seed), tok
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine is small and shared, where more threads only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.client import HttpInferenceClient, LocalInferenceClient
@@ -26,15 +25,6 @@ from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine is small and shared, where more threads only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
