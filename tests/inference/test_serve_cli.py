@@ -1,0 +1,72 @@
+"""`shipyard serve`: a real server process that answers over HTTP and adopts new store versions."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from shipyard.config.schema import ModelConfig
+from shipyard.models.loading import load_model
+from shipyard.store import LocalStore
+from shipyard.weights.snapshot import WeightPublisher, named_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, check, timeout_s: float = 120.0) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            body = httpx.get(url, timeout=2).json()
+            if check(body):
+                return body
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never satisfied the check")
+
+
+def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "shipyard.cli",
+        "serve",
+        str(ROOT / "configs/tiny.toml"),
+        f"inference.port={port}",
+        f'store.root="{tmp_path}"',
+        "inference.poll_s=0.2",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait(f"{base}/health", lambda b: b["status"] == "ok")["version"] == 0
+        out = httpx.post(
+            f"{base}/generate",
+            json={"requests": [{"prompt_ids": [1, 2, 3], "params": {"max_tokens": 4, "temperature": 0.0}}]},
+            timeout=60,
+        ).json()
+        assert len(out["results"][0]["token_ids"]) == 4 and out["results"][0]["versions"] == [0] * 4
+        model, _ = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
+        WeightPublisher(LocalStore(tmp_path)).publish(1, named_params(model))
+        _wait(f"{base}/version", lambda b: b["version"] == 1)
+        out = httpx.post(
+            f"{base}/generate",
+            json={"requests": [{"prompt_ids": [1, 2, 3], "params": {"max_tokens": 2, "temperature": 0.0}}]},
+            timeout=60,
+        ).json()
+        assert out["results"][0]["versions"] == [1, 1]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
