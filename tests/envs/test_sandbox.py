@@ -130,8 +130,8 @@ def test_wall_timeout_kills_process_tree(sb: BwrapSandbox) -> None:
     marker = f"100.{uuid.uuid4().int % 10**6:06d}"
     res = sb.exec(f"sleep {marker} & sh -c 'sleep {marker}; true' & sleep {marker}", timeout_s=1)
     assert res.timed_out and res.returncode != 0
-    assert res.duration_s < 5
-    deadline = time.monotonic() + 3
+    assert res.duration_s < 50  # the command would run for 100 s
+    deadline = time.monotonic() + 30
     while _pids_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _pids_with(marker) == []
@@ -141,7 +141,7 @@ def test_background_jobs_end_with_their_exec(sb: BwrapSandbox) -> None:
     marker = f"100.{uuid.uuid4().int % 10**6:06d}"
     res = sb.exec(f"(sleep {marker} &) ; echo started")
     assert res.stdout == "started\n" and not res.timed_out
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30
     while _pids_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _pids_with(marker) == []
@@ -181,7 +181,7 @@ def test_command_outliving_its_output_is_awaited_then_timed_out(sb: BwrapSandbox
     res = sb.exec("exec >&- 2>&-; sleep 0.5; echo x > late.txt", timeout_s=5)
     assert res.returncode == 0 and not res.timed_out and sb.read("late.txt") == "x\n"
     res = sb.exec("exec >&- 2>&-; sleep 100", timeout_s=1)
-    assert res.timed_out and res.duration_s < 5
+    assert res.timed_out and res.duration_s < 50  # killed, not awaited for 100 s
 
 
 def test_extra_binds_are_validated(tmp_path: Path) -> None:
@@ -284,7 +284,7 @@ def test_session_outlives_the_thread_that_started_it() -> None:
         t = threading.Thread(target=lambda: box.exec("true"))
         t.start()
         t.join()
-        deadline = time.monotonic() + 3  # --die-with-parent ended that session with its thread
+        deadline = time.monotonic() + 30  # --die-with-parent ended that session with its thread
         while box.session_pid is not None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert box.exec("cat a.txt").stdout == "a\n"
