@@ -61,9 +61,12 @@ def smollm2_dir(cache_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=dest.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # another process finished first: its complete copy stays, ours goes
+        shutil.rmtree(tmp)
+        if not (dest / "model.safetensors").is_file():
+            raise
     return dest
 
 

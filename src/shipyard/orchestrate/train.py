@@ -42,11 +42,12 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    tokenizer = load_tokenizer(cfg.model)  # converts the shipped model once, before actors load it
     placement = make_placement(cfg, run_dir)
     try:
         urls = placement.start_inference()
         client = HttpInferenceClient(urls[0])
-        spec = session_spec(cfg, client, load_tokenizer(cfg.model))
+        spec = session_spec(cfg, client, tokenizer)
         heldout = task_splits(cfg)[1][: cfg.eval.heldout_n]
         before = (
             _eval_once(run_dir / "eval_before.json", spec, heldout, cfg)
