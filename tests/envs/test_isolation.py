@@ -10,7 +10,9 @@ allowed. Network checks use 127.0.0.1 only. The whole module runs in a few secon
 from __future__ import annotations
 
 import os
+import platform
 import shlex
+import signal
 import socket
 import sys
 import time
@@ -23,7 +25,7 @@ import pytest
 from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.grader import grade
-from shipyard.envs.sandbox import MAX_FILE_MB, TMPFS_MB, BwrapSandbox, sandbox_available
+from shipyard.envs.sandbox import MAX_FILE_MB, TMPFS_MB, BwrapSandbox, sandbox_available, seccomp
 from shipyard.envs.tasks import generated_tasks
 from shipyard.envs.types import Task
 
@@ -49,6 +51,13 @@ PROPERTIES: tuple[str, ...] = (
     "no_sys_or_cgroup_escape",
     "sandboxes_isolated_from_each_other",
     "host_file_access_confined",
+    "no_ptrace_inside",
+    "no_namespace_creation",
+    "no_kernel_attack_surface",
+    "no_aslr_disable",
+    "no_foreign_arch_syscalls",
+    "memory_capped_for_whole_sandbox",
+    "cpu_capped_for_whole_sandbox",
 )
 """Every isolation property checked here, in test order."""
 ISOLATION_PROPERTIES = len(PROPERTIES)
@@ -349,3 +358,134 @@ def test_host_file_access_confined(box: BwrapSandbox) -> None:
         with pytest.raises(ValueError):
             box.write(bad, "x")
     assert "escape_file" not in box.files() and not os.path.exists("/etc/shipyard-x")
+
+
+NO_FILTER = SandboxConfig(timeout_s=10, memory_mb=256, max_processes=32, seccomp=False)
+
+PTRACE_CHILD = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+rc = libc.ptrace(16, child, 0, 0)  # PTRACE_ATTACH to our own child, same user: allowed by the kernel
+print(rc, ctypes.get_errno())
+os.kill(child, 9)
+"""
+
+
+def test_no_ptrace_inside(box: BwrapSandbox) -> None:
+    assert _py(box, PTRACE_CHILD).split() == ["-1", "1"]  # EPERM from the seccomp filter
+    with BwrapSandbox(None, NO_FILTER) as control:  # without the filter the same attach succeeds
+        assert _py(control, PTRACE_CHILD).split()[0] == "0"
+
+
+def test_no_namespace_creation(box: BwrapSandbox) -> None:
+    for cmd in (
+        "unshare -m true",
+        "unshare -n true",
+        "unshare -p -f true",
+        "unshare -i true",
+        "unshare -C true",
+    ):
+        res = box.exec(cmd)
+        assert res.returncode != 0 and "Operation not permitted" in res.stderr, cmd
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for flags in (0x20000, 0x40000000, 0x20000000, 0x02000000, 0x80):\n"
+        "    print(libc.unshare(flags), ctypes.get_errno())\n"
+        "print(libc.setns(0, 0), ctypes.get_errno())\n"
+    )
+    assert _py(box, code).split() == ["-1", "1"] * 6  # every namespace kind, and joining one
+
+
+KERNEL_SURFACE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for nr, args in ((int(a), (0, 0, 0)) for a in sys.argv[1:]):
+    ctypes.set_errno(0)
+    print(libc.syscall(nr, *args), ctypes.get_errno())
+"""
+
+
+def test_no_kernel_attack_surface(box: BwrapSandbox) -> None:
+    nr = seccomp.SYSCALLS.get(platform.machine())
+    if nr is None:
+        pytest.skip(f"no syscall table for {platform.machine()}")
+    names = ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl", "add_key", "init_module")
+    names += (
+        "kexec_load",
+        "open_by_handle_at",
+        "mount",
+        "pivot_root",
+        "swapon",
+        "reboot",
+        "process_vm_readv",
+    )
+    box.write("surface.py", KERNEL_SURFACE)
+    res = box.exec("python surface.py " + " ".join(str(nr[n]) for n in names))
+    assert res.stdout.split() == ["-1", "1"] * len(names), res.stdout + res.stderr
+
+
+def test_no_aslr_disable(box: BwrapSandbox) -> None:
+    res = box.exec("setarch -R true || setarch $(uname -m) -R true")
+    assert res.returncode != 0 and "Operation not permitted" in res.stderr
+    code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.personality(0x0040000), ctypes.get_errno())\n"
+    assert _py(box, code).split() == ["-1", "1"]
+    with BwrapSandbox(None, NO_FILTER) as control:
+        assert control.exec("setarch -R true || setarch $(uname -m) -R true").returncode == 0
+
+
+INT80 = """
+import ctypes, mmap
+code = bytes([0x31, 0xDB, 0xB8, 0x14, 0, 0, 0, 0xCD, 0x80, 0xC3])  # xor ebx,ebx; mov eax,20 (i386 getpid); int 0x80; ret
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+fn = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+print(fn())
+"""
+
+
+def test_no_foreign_arch_syscalls(box: BwrapSandbox) -> None:
+    if platform.machine() != "x86_64":
+        pytest.skip("the 32-bit syscall entry probe is x86_64 machine code")
+    with BwrapSandbox({"int80.py": INT80}, NO_FILTER) as control:
+        ctl = control.exec("python int80.py")
+    if ctl.returncode != 0:
+        pytest.skip(f"this kernel has no 32-bit syscall entry (control exited {ctl.returncode})")
+    assert int(ctl.stdout) > 0  # getpid through the i386 table works without the filter
+    box.write("int80.py", INT80)
+    res = box.exec("python int80.py")
+    assert res.returncode == 128 + signal.SIGSYS and res.stdout == ""  # killed by the filter
+
+
+def test_memory_capped_for_whole_sandbox() -> None:
+    cfg = SandboxConfig(timeout_s=20, memory_mb=256, max_processes=32, cgroup_memory_mb=96)
+    hog = "python -c 'b = bytearray(40 * 2**20); import time; time.sleep({})'".format
+    with BwrapSandbox(None, cfg) as sb:
+        if sb.memory_limit != "cgroup":
+            pytest.skip("no memory cgroup can be created here: only the per-process rlimit applies")
+        assert sb.exec(hog(0)).returncode == 0  # control: one 40 MiB process fits its rlimit
+        res = sb.exec(f"for i in 1 2 3 4; do ({hog(0.5)}; echo $? > rc$i) & done; wait; cat rc*")
+        codes = [int(x) for x in res.stdout.split()]
+        events = os.path.join(sb.cgroups["memory"], "memory.events")  # v2; v1: memory.oom_control
+        with open(
+            events if os.path.exists(events) else os.path.join(sb.cgroups["memory"], "memory.oom_control")
+        ) as f:
+            oom_kills = int(dict(line.split() for line in f)["oom_kill"])
+    assert len(codes) == 4 and 137 in codes, res  # 4 x 40 MiB > 96 MiB: the kernel killed at least one
+    assert oom_kills == codes.count(137) > 0
+
+
+def test_cpu_capped_for_whole_sandbox() -> None:
+    cfg = SandboxConfig(timeout_s=20, memory_mb=256, max_processes=32, cpus=0.1)
+    spin = "timeout 0.5 sh -c 'while :; do :; done'"
+    with BwrapSandbox(None, cfg) as sb:
+        if sb.cpu_limit != "cgroup":
+            pytest.skip("no cpu cgroup can be created here: only RLIMIT_CPU per command applies")
+        sb.exec(f"{spin} & {spin} & wait")
+        with open(os.path.join(sb.cgroups["cpu"], "cpu.stat")) as f:
+            stat = dict(line.split() for line in f)
+    assert int(stat["nr_throttled"]) > 0  # two spinning processes hit the 10 ms / 100 ms quota

@@ -137,6 +137,43 @@ class AgentConfig(_Section):
         return self.summarize_at_tokens
 
 
+class SandboxPoolConfig(_Section):
+    warm: int = Field(4, ge=0)
+    """Sandboxes kept created and started, ready to hand out (0: every acquire creates one)."""
+    max_live: int = Field(64, ge=1)
+    """Most sandboxes alive at once (warm + handed out); `acquire` waits beyond it (backpressure)."""
+    cpu_slots: int = Field(0, ge=0)
+    """Commands of the pool's sandboxes that run at once (CPU-bound work); 0: this host's core count."""
+    acquire_timeout_s: float = Field(300.0, gt=0)
+    """How long `acquire` waits for room under `max_live` before raising TimeoutError."""
+
+
+class MicroVMConfig(_Section):
+    binary: str = "firecracker"
+    """Firecracker executable (a name on PATH or a path)."""
+    kernel: str = ""
+    """Uncompressed guest kernel (vmlinux) to boot."""
+    rootfs: str = ""
+    """Guest root filesystem image (ext4) with the command agent installed (docs/sandboxes.md)."""
+    vcpus: int = Field(1, ge=1, le=32)
+    """Virtual CPUs per microVM."""
+    mem_mib: int = Field(512, ge=64)
+    """Guest memory per microVM."""
+
+
+class RemoteSandboxConfig(_Section):
+    url: str = "https://cloud.morph.so/api"
+    """Base URL of the provider's REST API."""
+    api_key_env: str = "MORPH_API_KEY"
+    """Environment variable holding the API key (the key itself never goes into a config file)."""
+    snapshot_id: str = ""
+    """Snapshot every instance starts from (the provider's image of the task environment)."""
+    ttl_s: int = Field(3600, ge=60)
+    """Lifetime after which the provider stops an instance we failed to delete."""
+    ready_timeout_s: float = Field(120.0, gt=0)
+    """How long to wait for a new instance to report ready."""
+
+
 class SandboxConfig(_Section):
     timeout_s: float = Field(10.0, gt=0)
     """Wall-clock limit of one command in the sandbox; the whole process tree is killed."""
@@ -144,6 +181,23 @@ class SandboxConfig(_Section):
     """Address-space limit per sandboxed process."""
     max_processes: int = Field(64, ge=4)
     """Process-count limit inside a sandbox."""
+    type: Literal["bwrap", "microvm", "remote_morph"] = "bwrap"
+    """Sandbox backend `make_sandbox` builds: embedded bubblewrap, a Firecracker microVM (needs
+    hardware KVM) or a Morph Cloud instance (remote provider); see docs/sandboxes.md."""
+    cgroup_memory_mb: int = Field(1024, ge=16)
+    """Memory limit of a whole sandbox (all its processes and the tmpfs pages they write), as a
+    cgroup where one can be created; `memory_mb` per process applies in any case."""
+    cpus: float = Field(1.0, gt=0)
+    """CPU cores a whole sandbox may use (cgroup CFS quota where available; elsewhere only the
+    per-command RLIMIT_CPU applies)."""
+    seccomp: bool = True
+    """Install the seccomp deny-list (`shipyard.envs.sandbox.seccomp`) in bubblewrap sandboxes."""
+    pool: SandboxPoolConfig = SandboxPoolConfig()
+    """Pre-warmed sandbox pool (`shipyard.envs.sandbox.pool`)."""
+    microvm: MicroVMConfig = MicroVMConfig()
+    """Firecracker settings for `type = "microvm"`."""
+    remote: RemoteSandboxConfig = RemoteSandboxConfig()
+    """Remote provider settings for `type = "remote_morph"`."""
 
 
 class TasksConfig(_Section):

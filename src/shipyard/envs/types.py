@@ -60,6 +60,23 @@ class ExecResult:
 
 
 @dataclass
+class WorkspaceDiff:
+    """How a sandbox's workspace differs from its base (text files, relative paths, sorted)."""
+
+    added: dict[str, str] = field(default_factory=dict)
+    modified: dict[str, str] = field(default_factory=dict)
+    """New content of files changed since the base."""
+    deleted: list[str] = field(default_factory=list)
+
+    def paths(self) -> list[str]:
+        """Every changed path, sorted."""
+        return sorted([*self.added, *self.modified, *self.deleted])
+
+    def is_empty(self) -> bool:
+        return not (self.added or self.modified or self.deleted)
+
+
+@dataclass
 class RewardResult:
     reward: float
     passed: int

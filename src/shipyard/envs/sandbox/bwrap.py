@@ -99,14 +99,16 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.types import ExecResult
+from shipyard.envs.sandbox import seccomp
+from shipyard.envs.sandbox.base import check_relative, diff_files, env_prefix
+from shipyard.envs.sandbox.cgroups import Cgroups, candidate_parents, make_cgroups
+from shipyard.envs.types import ExecResult, WorkspaceDiff
 
 WORKDIR = "/workspace"
 """Where the workspace is mounted inside the sandbox (also the working directory and HOME)."""
@@ -126,7 +128,6 @@ SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime")
 _ETC_NET_FILES = ("hosts", "resolv.conf", "host.conf", "gai.conf", "ssl", "ca-certificates")
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_CG_ROOT = "/sys/fs/cgroup"
 _RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp"})
 _STATUS_CAP = 256
 _HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -136,8 +137,10 @@ _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`; "
     "Arch: `pacman -S bubblewrap`)"
 )
-_CG_WRAP = 'echo 0 > "$1" || exit 125; shift; exec "$@"'
-"""Host-side wrapper: move this shell into the sandbox's cgroup, then exec the rest (bwrap)."""
+_CG_WRAP = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
+)
+"""Host-side wrapper: move this shell into the sandbox's N cgroups (``N FILE...``), then exec bwrap."""
 _MOUNT_WRAP = (
     'mount -t overlay shipyard -o "lowerdir=$1,upperdir=$2,workdir=$3,userxattr" "$4" || exit 125; '
     'shift 4; exec "$@"'
@@ -284,59 +287,6 @@ def _drain(fd: int, sink: _Capture | None) -> None:
             sink.add(chunk)
 
 
-def _cgroup_candidates() -> list[str]:
-    """Directories of this process's cgroups whose children could get a ``pids.max``."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    v1 = [ln.split(":", 2)[2] for ln in lines if ln.count(":") >= 2 and "pids" in ln.split(":")[1].split(",")]
-    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
-    out = [os.path.join(_CG_ROOT, "pids", p.lstrip("/")) for p in v1]
-    for p in v2:
-        for base in (_CG_ROOT, os.path.join(_CG_ROOT, "unified")):
-            out.append(os.path.join(base, p.lstrip("/")))
-    return [d for d in out if os.path.isfile(os.path.join(d, "cgroup.procs"))]
-
-
-def _make_pids_cgroup(max_processes: int) -> str | None:
-    """Create a cgroup limited to ``max_processes`` tasks; None where no controller lets us."""
-    for parent in _cgroup_candidates():
-        path = os.path.join(parent, f"shipyard-sb-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        try:
-            os.mkdir(path)
-        except OSError:
-            continue
-        try:
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(str(max_processes))
-            return path
-        except OSError:
-            _remove_cgroup(path)
-    return None
-
-
-def _remove_cgroup(path: str) -> None:
-    """Kill whatever is left in the cgroup and remove it (best effort, bounded)."""
-    for _ in range(50):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            try:
-                with open(os.path.join(path, "cgroup.procs")) as f:
-                    pids = [int(x) for x in f.read().split()]
-            except OSError:
-                pids = []
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
-
-
 _OWNED = re.compile(r"^shipyard-(?:sb|grade)-(\d+)-")
 
 
@@ -360,7 +310,7 @@ def reap_stale() -> int:
     sandbox. Assumes the temp directory and cgroups are not shared with another pid namespace.
     """
     removed = 0
-    for parent in _cgroup_candidates():
+    for parent in candidate_parents():
         for name in os.listdir(parent):
             m = _OWNED.match(name)
             if m and _dead(int(m.group(1))):
@@ -372,7 +322,7 @@ def reap_stale() -> int:
         m = _OWNED.match(name)
         path = os.path.join(tmp, name)
         if m and _dead(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
-            _release(_Resources(path, None))
+            _release(_Resources(path, Cgroups()))
             removed += 1
     return removed
 
@@ -514,9 +464,9 @@ class _Session:
 class _Resources:
     """What :meth:`BwrapSandbox.close` (or garbage collection) must release."""
 
-    def __init__(self, root: str, cgroup: str | None) -> None:
+    def __init__(self, root: str, cgroups: Cgroups) -> None:
         self.root = root
-        self.cgroup = cgroup
+        self.cgroups = cgroups
         self.procs: list[subprocess.Popen[bytes]] = []
         self.session: _Session | None = None
 
@@ -535,8 +485,7 @@ def _release(res: _Resources) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
     res.procs.clear()
-    if res.cgroup is not None:
-        _remove_cgroup(res.cgroup)
+    res.cgroups.remove()
 
     def _onerror(func: Callable[..., object], path: str, _exc: object) -> None:
         try:
@@ -594,6 +543,8 @@ class BwrapSandbox:
                     f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
                 )
         self._base = _check_base(base) if base is not None else None
+        self._initial = dict(files or {}) if base is None else {}
+        """The workspace's starting files: what :meth:`diff` compares with (``base``: the base dir)."""
         self._bwrap = shutil.which("bwrap") or "bwrap"
         _reap_once()
         self.root = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
@@ -602,12 +553,21 @@ class BwrapSandbox:
         for d in self._layers:
             os.mkdir(d)
         self._lock = threading.RLock()
-        self._res = _Resources(self.root, _make_pids_cgroup(self.cfg.max_processes))
+        limits = {
+            "pids": self.cfg.max_processes,
+            "memory_mb": self.cfg.cgroup_memory_mb,
+            "cpus": self.cfg.cpus,
+        }
+        self._res = _Resources(self.root, make_cgroups(limits))
         self._finalizer = weakref.finalize(self, _release, self._res)
-        if self._res.cgroup is not None:
-            self.process_limit = "cgroup"
-        else:
-            self.process_limit = "rlimit" if os.getuid() != 0 else "none"
+        made = self._res.cgroups.controllers
+        self.process_limit = "cgroup" if "pids" in made else ("rlimit" if os.getuid() != 0 else "none")
+        self.memory_limit = "cgroup" if "memory" in made else "rlimit"
+        """``"cgroup"``: the whole sandbox is held to ``cfg.cgroup_memory_mb``; ``"rlimit"``: only
+        each process's address space (``cfg.memory_mb``)."""
+        self.cpu_limit = "cgroup" if "cpu" in made else "rlimit"
+        """``"cgroup"``: a CFS quota of ``cfg.cpus`` cores; ``"rlimit"``: only ``RLIMIT_CPU`` per command."""
+        self._seccomp = seccomp.deny_filter() if self.cfg.seccomp else None
         try:
             for path, content in (files or {}).items():
                 self.write(path, content)
@@ -626,7 +586,12 @@ class BwrapSandbox:
     @property
     def cgroup(self) -> str | None:
         """Host path of this sandbox's ``pids`` cgroup (None when ``process_limit`` is not ``"cgroup"``)."""
-        return self._res.cgroup
+        return self._res.cgroups.dirs.get("pids")
+
+    @property
+    def cgroups(self) -> dict[str, str]:
+        """Host paths of this sandbox's cgroups by controller (``pids``, ``memory``, ``cpu``)."""
+        return dict(self._res.cgroups.dirs)
 
     @property
     def session_pid(self) -> int | None:
@@ -685,13 +650,22 @@ class BwrapSandbox:
             ]
             wrap.append(self._base)
             argv = wrap + self._layers + argv
-        if self._res.cgroup is not None:
-            procs = os.path.join(self._res.cgroup, "cgroup.procs")
-            argv = ["/bin/sh", "-c", _CG_WRAP, "shipyard-cgroup", procs] + argv
+        procs = self._res.cgroups.procs_files()
+        if procs:
+            argv = ["/bin/sh", "-c", _CG_WRAP, "shipyard-cgroup", str(len(procs)), *procs, *argv]
         self._res.procs[:] = [p for p in self._res.procs if p.poll() is None]
-        proc: subprocess.Popen[bytes] = subprocess.Popen(
-            argv, start_new_session=True, env=_HOST_ENV, cwd="/", **popen
-        )
+        fd = seccomp.filter_fd(self._seccomp) if self._seccomp is not None else -1
+        if fd >= 0:
+            i = argv.index(self._bwrap) + 1
+            argv[i:i] = ["--seccomp", str(fd)]
+            popen["pass_fds"] = (*popen.get("pass_fds", ()), fd)
+        try:
+            proc: subprocess.Popen[bytes] = subprocess.Popen(
+                argv, start_new_session=True, env=_HOST_ENV, cwd="/", **popen
+            )
+        finally:
+            if fd >= 0:
+                os.close(fd)
         self._res.procs.append(proc)
         return proc
 
@@ -730,13 +704,16 @@ class BwrapSandbox:
         timeout_s: float | None = None,
         stdin: str | None = None,
         *,
+        env: Mapping[str, str] | None = None,
         pass_fds: Sequence[int] = (),
     ) -> ExecResult:
         """Run ``cmd`` with ``/bin/sh -c`` in the workspace; kill everything after ``timeout_s``.
 
-        ``pass_fds`` are host file descriptors the command inherits (same numbers); with them,
-        or with ``stdin``, the command runs in a one-shot bwrap rather than the session.
+        ``env`` adds environment variables for this command only. ``pass_fds`` are host file
+        descriptors the command inherits (same numbers); with them, or with ``stdin``, the
+        command runs in a one-shot bwrap rather than the session.
         """
+        cmd = env_prefix(env) + cmd
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
         if not timeout > 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0 (seconds of wall-clock time)")
@@ -839,9 +816,7 @@ class BwrapSandbox:
 
     def _host_path(self, path: str) -> str:
         """Host path of workspace-relative ``path``; no absolute paths, ``..`` or symlinks."""
-        parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
-        if not path or path.startswith("/") or not parts or ".." in parts:
-            raise ValueError(f"path {path!r} must be relative to the workspace, without '..'")
+        parts = check_relative(path)
         cur = self._view()
         for part in parts:
             cur = os.path.join(cur, part)
@@ -881,6 +856,44 @@ class BwrapSandbox:
                     out[os.path.relpath(host, top).replace(os.sep, "/")] = text
         return out
 
+    def diff(self) -> WorkspaceDiff:
+        """Text files added, modified and deleted since creation (``base``: since the base directory).
+
+        Without ``base`` the reference is the ``files`` given at construction. With ``base`` only
+        the overlay's upper layer (what the sandbox changed) is walked: a file copied up but
+        unchanged is not reported; a whiteout or an opaque directory deletes what the base had there.
+        """
+        if self._base is None:
+            return diff_files(self._initial, self.files())
+        with self._lock:
+            return _overlay_diff(self._base, self._layers[0])
+
+    def fork(self) -> BwrapSandbox:
+        """A new sandbox (same config and network, no extra binds) whose workspace starts as this one's.
+
+        Without ``base`` the workspace is copied (``cp -a``); with ``base`` the fork shares the
+        base and copies only this sandbox's upper layer, so forking a large repository costs
+        what the session changed. The fork's :meth:`diff` is relative to the same base (with
+        ``base``) or to this sandbox's files at fork time (without).
+        """
+        if not self._finalizer.alive:
+            raise RuntimeError("fork of a closed sandbox")
+        with self._lock:
+            child = BwrapSandbox(None, self.cfg, self.network, base=self._base, persistent=self.persistent)
+            try:
+                src, dst = (self._layers[0], child._layers[0]) if self._base else (self._ws, child._ws)
+                res = subprocess.run(
+                    ["cp", "-a", "--reflink=auto", f"{src}/.", dst], capture_output=True, text=True
+                )
+                if res.returncode != 0:
+                    raise RuntimeError(f"fork: copying the workspace failed: {res.stderr.strip()}")
+                if self._base is None:
+                    child._initial = child.files()
+            except BaseException:
+                child.close()
+                raise
+            return child
+
     def close(self) -> None:
         """End the session, kill anything else still running and remove the workspace (idempotent)."""
         session = self._res.session.proc if self._res.session is not None else None
@@ -888,6 +901,62 @@ class BwrapSandbox:
             if proc is not session:
                 _kill_group(proc)
         self._finalizer()
+
+
+def _is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _is_opaque(path: str) -> bool:
+    for name in ("user.overlay.opaque", "trusted.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def _base_texts(base: str, rel: str) -> dict[str, str]:
+    """Text files under ``base/rel`` (a file or a directory), by workspace-relative path."""
+    top = os.path.join(base, rel)
+    if not os.path.isdir(top) or os.path.islink(top):
+        text = _read_text(top)
+        return {} if text is None else {rel: text}
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+        for name in filenames:
+            text = _read_text(os.path.join(dirpath, name))
+            if text is not None:
+                out[os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")] = text
+    return out
+
+
+def _overlay_diff(base: str, upper: str) -> WorkspaceDiff:
+    """The diff an overlay's upper layer makes to its lower directory ``base`` (text files)."""
+    out = WorkspaceDiff()
+    deleted: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(upper, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, upper)
+        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
+        if rel_dir and _is_opaque(dirpath):
+            kept = {os.path.join(rel_dir, n).replace(os.sep, "/") for n in filenames}
+            deleted |= {p for p in _base_texts(base, rel_dir) if p not in kept}
+        for name in list(dirnames) + filenames:
+            host, rel = os.path.join(dirpath, name), f"{rel_dir}/{name}".lstrip("/")
+            st = os.lstat(host)
+            if _is_whiteout(st):
+                deleted |= set(_base_texts(base, rel))
+            elif name in filenames:
+                text = _read_text(host)
+                before = _read_text(os.path.join(base, rel))
+                if text is not None and before is None and not os.path.lexists(os.path.join(base, rel)):
+                    out.added[rel] = text
+                elif text is not None and text != before:
+                    out.modified[rel] = text
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+    out.added, out.modified = dict(sorted(out.added.items())), dict(sorted(out.modified.items()))
+    out.deleted = sorted(deleted)
+    return out
 
 
 def _read_text(host: str) -> str | None:
