@@ -48,6 +48,13 @@ def test_async_run_end_to_end(tmp_path: Path) -> None:
     steps = [r for r in records if r.get("kind") == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert latest_version(store) == 3 and store.exists("control/finished")
+    shipped = [read_manifest(store, v) for v in (1, 2, 3)]  # versions after 0 ship as deltas only
+    assert [(m.kind, m.parent, set(m.encodings)) for m in shipped] == [
+        ("delta", v, {"delta"}) for v in (0, 1, 2)
+    ]
+    assert all(m.encodings["delta"].nbytes < m.raw_bytes / 2 for m in shipped), (
+        "a delta costs < half the state"
+    )
     assert all(r["staleness/max"] <= cfg.trainer.max_off_policy_steps for r in steps)
     assert all(r["mismatch/k3"] < 1e-3 for r in steps), "fp32 engine and trainer should agree closely"
     groups = [g for gs in _consumed(records).values() for g in gs]
@@ -75,6 +82,9 @@ def test_sync_mode_samples_each_step_with_the_previous_version(tmp_path: Path) -
             v for gid in gids for t in trajs[gid] for v, m in zip(t.versions, t.loss_mask, strict=True) if m
         }
         assert versions == {step - 1}, f"step {step} trained on versions {versions}"
+    # versions 1 and 2 exist only as deltas, so the server sampled them by applying deltas
+    store = LocalStore(tmp_path / "store")
+    assert [read_manifest(store, v).kind for v in (1, 2)] == ["delta", "delta"]
 
 
 @pytest.mark.timeout(600)

@@ -363,10 +363,46 @@ class TrainerConfig(_Section):
 
 
 class StoreConfig(_Section):
-    type: Literal["local"] = "local"
-    """Backend: a local directory (S3-compatible backends arrive with delta weight shipping)."""
+    type: Literal["local", "s3"] = "local"
+    """Backend: a local directory, or an S3-compatible object store through fsspec (s3fs)."""
     root: str = "runs/store"
-    """Directory that holds `weights/`, `rollouts/` and `control/`."""
+    """Directory that holds `weights/`, `rollouts/` and `control/` (for `s3`: `bucket/prefix`)."""
+    endpoint_url: str | None = None
+    """S3 endpoint, e.g. `http://127.0.0.1:8333` for SeaweedFS (none = AWS)."""
+    region: str = "us-east-1"
+    """S3 region name."""
+    key_env: str = "AWS_ACCESS_KEY_ID"
+    """Environment variable holding the S3 access key (credentials never live in the config)."""
+    secret_env: str = "AWS_SECRET_ACCESS_KEY"
+    """Environment variable holding the S3 secret key."""
+    connections: int = Field(8, ge=1)
+    """Concurrent requests per transfer (multipart upload parts, ranged GETs of one object)."""
+    part_mb: float = Field(8.0, ge=5.0)
+    """Multipart upload part and ranged-GET chunk size in MiB (S3 parts are at least 5 MiB)."""
+
+
+class WeightsConfig(_Section):
+    snapshot_every: int = Field(10, ge=1)
+    """A full snapshot every this many versions (version % K == 0); deltas between."""
+    keep: int = Field(2, ge=1)
+    """Newest versions always kept by garbage collection (besides what subscribers still need)."""
+    shard_mb: float = Field(64.0, gt=0)
+    """Most bytes of coded tensors packed into one shard object of a version."""
+    workers: int = Field(2, ge=1)
+    """Threads encoding or decoding tensors in parallel."""
+    lease_ttl_s: float = Field(120.0, gt=0)
+    """A subscriber that has not renewed its store record for this long no longer pins versions."""
+    cache_dir: str | None = None
+    """Where subscribers keep resumable downloads (none = a temporary directory per subscriber)."""
+
+
+class RelayConfig(_Section):
+    mirror: StoreConfig = StoreConfig(root="runs/relay")
+    """The region's store the relay fills from the origin (`store`); its servers read from it."""
+    region: str = "local"
+    """Region name (names the relay's subscriber record in the origin store)."""
+    poll_s: float = Field(0.5, gt=0)
+    """How often the relay polls the origin for a new version."""
 
 
 class EvalConfig(_Section):
@@ -423,6 +459,10 @@ class ShipyardConfig(_Section):
     """Trainer and loss."""
     store: StoreConfig = StoreConfig()
     """Object store for weights and rollouts."""
+    weights: WeightsConfig = WeightsConfig()
+    """Weight shipping: snapshot cadence, sharding, garbage collection, subscriber leases."""
+    relay: RelayConfig = RelayConfig()
+    """Regional weight relay (`shipyard relay`)."""
     eval: EvalConfig = EvalConfig()
     """Evaluation."""
 

@@ -72,7 +72,7 @@ class InferenceNode:
         from shipyard.inference.engine import EmbeddedEngine
         from shipyard.inference.server import InferenceServer
         from shipyard.models.loading import load_model
-        from shipyard.weights.subscriber import WeightSubscriber
+        from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
         torch.set_num_threads(cfg.inference.threads)
         model, self.tokenizer = load_model(cfg.model)
@@ -80,7 +80,14 @@ class InferenceNode:
         self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
         self.server.start()
         self.subscriber = WeightSubscriber(
-            store, self.engine.stage_weights, current=0, poll_s=cfg.inference.poll_s
+            store,
+            EngineSink(self.engine),
+            poll_s=cfg.inference.poll_s,
+            cache_dir=cfg.weights.cache_dir,
+            lease_ttl_s=cfg.weights.lease_ttl_s,
+            connections=cfg.store.connections,
+            chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
+            workers=cfg.weights.workers,
         )
         self.subscriber.start()
 

@@ -12,6 +12,8 @@ import os
 import threading
 from pathlib import Path
 
+from shipyard.store.types import IOStats
+
 _TMP_MARK = ".tmp-"
 _counter = itertools.count()
 _lock = threading.Lock()
@@ -21,6 +23,7 @@ class LocalStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.stats = IOStats()
 
     def path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -38,10 +41,31 @@ class LocalStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest)
+        self.stats.wrote(len(data))
 
     def get(self, key: str) -> bytes:
         try:
-            return self.path(key).read_bytes()
+            data = self.path(key).read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"store object {key!r} not found under {self.root}") from None
+        self.stats.read(len(data))
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if not 0 <= start <= end:
+            raise ValueError(f"range [{start}, {end}) of {key!r} must satisfy 0 <= start <= end")
+        try:
+            with open(self.path(key), "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"store object {key!r} not found under {self.root}") from None
+        self.stats.read(len(data))
+        return data
+
+    def size(self, key: str) -> int:
+        try:
+            return self.path(key).stat().st_size
         except FileNotFoundError:
             raise FileNotFoundError(f"store object {key!r} not found under {self.root}") from None
 

@@ -8,7 +8,8 @@ base model):
    sessions' segments), one optimizer step (:func:`train_step`; with
    ``trainer.loss.kl_coef > 0`` against a frozen copy of the base model loaded at start),
 3. save a resumable checkpoint (weights, optimizer, consumed group ids) — before publishing,
-4. publish version ``s`` (snapshot + manifest + LATEST), log metrics.
+4. publish version ``s`` (a delta against ``s - 1``, a snapshot every ``weights.snapshot_every``;
+   shards, manifest, LATEST), log metrics.
 A restart loads the newest complete checkpoint and re-publishes its version if the crash came
 between 3 and 4, so no published version is lost and no group is trained on twice. At the end it
 writes ``control/finished`` so rollout workers stop.
@@ -47,7 +48,14 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     step_kw = {"temperature": cfg.sampling.temperature, "ref_model": _reference_model(cfg)}
     ckpt_root = run_dir / "checkpoints"
     state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
-    publisher = WeightPublisher(store)
+    publisher = WeightPublisher(
+        store,
+        snapshot_every=cfg.weights.snapshot_every,
+        keep=cfg.weights.keep,
+        shard_bytes=int(cfg.weights.shard_mb * (1 << 20)),
+        workers=cfg.weights.workers,
+        connections=cfg.store.connections,
+    )
     if not publisher.has(state["step"]):
         publisher.publish(state["step"], named_params(model))
     feed = RolloutFeed(store, consumed=set(state["consumed"]))

@@ -1,55 +1,158 @@
 """Weight subscriber: keeps an inference engine on the newest published version.
 
-Contract: a background thread polls ``weights/LATEST`` every ``poll_s``; when it names a
-version newer than the one adopted, it downloads and verifies it (the engine keeps serving the
-old weights meanwhile) and hands the tensors to ``stage(version, tensors)``, which applies them
-between decode steps. A failed download or digest mismatch is recorded in ``errors`` and
-retried on the next poll; the engine keeps serving what it has.
+Contract: :meth:`WeightSubscriber.poll_once` (a background thread calls it every ``poll_s``)
+reads ``weights/LATEST``; when it names a version newer than the one the sink serves, it plans
+the cheapest verified path from the served version (:func:`~shipyard.weights.versions.reach`:
+a delta chain from the live weights, or a snapshot plus deltas), downloads the shards (resumable,
+into ``cache_dir``) and decodes them into staging buffers while the live weights keep serving,
+verifies every tensor's digest, then hands the tensors that changed to ``sink.stage``, which swaps
+them in place between decode steps and reports the pause. A missing object or digest mismatch
+makes it fall back to another path (recorded in ``errors``); with no path left it keeps serving
+what it has and tries again on the next poll.
+
+The subscriber renews ``weights/subscribers/<name>.json`` (its version and a heartbeat, see
+:mod:`shipyard.weights.leases`), so garbage collection keeps the deltas it needs; ``stop``
+removes the record. Memory: the live weights plus one staging copy.
+
+Each adoption is recorded in ``adopted``: version, steps taken (``"7:delta"``), bytes fetched,
+fetch/decode seconds, the pause. Example::
+
+    sub = WeightSubscriber(store, EngineSink(engine), name="server-0").start()
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
+from shipyard.store.transfer import DEFAULT_CHUNK
 from shipyard.store.types import Store
-from shipyard.weights.snapshot import latest_version, load_version
+from shipyard.weights.leases import remove_record, write_record
+from shipyard.weights.publisher import named_params
+from shipyard.weights.versions import VersionReader, latest_version, reach
+
+
+class WeightSink(Protocol):
+    """What a subscriber keeps current (an inference engine)."""
+
+    def live(self) -> Mapping[str, Any]:
+        """The weights being served, by name (read, never written, by the subscriber)."""
+
+    def version(self) -> int:
+        """The version being served."""
+
+    def stage(self, version: int, tensors: dict[str, Any]) -> float | None:
+        """Swap ``tensors`` in as ``version``; return once served, with the pause in seconds.
+        The tensors are not mutated by the caller until this returns."""
+
+
+class EngineSink:
+    """An :class:`~shipyard.inference.engine.EmbeddedEngine` as a sink: stages without copying
+    and waits until the engine applied the update (at its next decode-step boundary)."""
+
+    def __init__(self, engine: Any, wait_s: float = 600.0) -> None:
+        self.engine = engine
+        self.wait_s = wait_s
+
+    def live(self) -> Mapping[str, Any]:
+        return named_params(self.engine.model)
+
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    def stage(self, version: int, tensors: dict[str, Any]) -> float | None:
+        n = len(self.engine.pauses)
+        self.engine.stage_weights(version, tensors, copy=False)
+        deadline = time.monotonic() + self.wait_s
+        while self.engine.version != version:
+            if not self.engine.apply_pending():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"engine did not apply weights version {version} in {self.wait_s} s")
+                time.sleep(0.002)
+        return self.engine.pauses[n] if len(self.engine.pauses) > n else None
 
 
 class WeightSubscriber:
     def __init__(
         self,
         store: Store,
-        stage: Callable[[int, dict[str, Any]], None],
-        current: int = 0,
+        sink: WeightSink,
+        name: str | None = None,
         poll_s: float = 0.5,
+        cache_dir: str | Path | None = None,
+        lease_ttl_s: float = 120.0,
+        connections: int = 8,
+        chunk_bytes: int = DEFAULT_CHUNK,
+        workers: int = 2,
     ) -> None:
         self.store = store
-        self.stage = stage
-        self.current = current
+        self.sink = sink
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.poll_s = poll_s
+        self.lease_ttl_s = lease_ttl_s
+        self._tmp = None if cache_dir is not None else tempfile.TemporaryDirectory(prefix="shipyard-weights-")
+        root = Path(cache_dir).expanduser() if cache_dir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
+        cache = root / self.name  # one directory per subscriber: servers may share cache_dir
+        self.reader = VersionReader(store, cache, connections, chunk_bytes, workers)
         self.errors: list[str] = []
-        self.fetch_s: list[float] = []
+        self.adopted: list[dict[str, Any]] = []
+        self._verified = False
+        self._staging: dict[str, Any] | None = None
+        self._beat = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def current(self) -> int:
+        return self.sink.version()
+
     def poll_once(self) -> bool:
-        """Adopt LATEST if it is newer; True when a new version was staged."""
-        v = latest_version(self.store)
-        if v is None or v <= self.current:
+        """Adopt LATEST if it is newer; True when a new version is being served."""
+        latest = latest_version(self.store)
+        cur = self.sink.version()
+        if time.time() - self._beat > self.lease_ttl_s / 4:
+            self._renew(cur)
+        if latest is None or latest <= cur:
             return False
         t0 = time.perf_counter()
+        fetched0 = self.reader.stats.bytes_fetched
+        live = self.sink.live()
+        if self._staging is None:
+            self._staging = {k: t.detach().clone() for k, t in live.items()}
         try:
-            tensors = load_version(self.store, v)
-        except (FileNotFoundError, ValueError) as e:
-            self.errors.append(f"version {v}: {e}")
+            got = reach(self.reader, latest, cur, live, self._staging, trusted_base=self._verified)
+        except LookupError as e:
+            self.errors.append(str(e))
             return False
-        self.fetch_s.append(time.perf_counter() - t0)
-        self.stage(v, tensors)
-        self.current = v
+        self.errors.extend(got.errors)
+        ready = time.perf_counter()
+        pause = self.sink.stage(latest, {k: got.state[k] for k in got.changed})
+        self._verified = True
+        self.adopted.append(
+            {
+                "version": latest,
+                "from": cur,
+                "path": [f"{s.version}:{s.encoding}" for s in got.path],
+                "bytes": self.reader.stats.bytes_fetched - fetched0,
+                "ready_s": ready - t0,
+                "pause_s": pause,
+                "changed_tensors": len(got.changed),
+                "recovered": got.errors,
+            }
+        )
+        self._renew(latest)
+        self.reader.clear_cache(below=latest)
         return True
+
+    def _renew(self, version: int) -> None:
+        write_record(self.store, self.name, version, self.lease_ttl_s)
+        self._beat = time.time()
 
     def start(self) -> WeightSubscriber:
         self._thread = threading.Thread(target=self._run, name="weight-subscriber", daemon=True)
@@ -58,9 +161,18 @@ class WeightSubscriber:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self.poll_once()
+            try:
+                self.poll_once()
+            except (OSError, ValueError, TimeoutError) as e:  # store unreachable: keep serving, retry
+                self.errors.append(f"poll: {e}")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=30)
+        try:
+            remove_record(self.store, self.name)
+        except OSError as e:  # the record then expires after lease_ttl_s
+            self.errors.append(f"stop: {e}")
+        if self._tmp is not None:
+            self._tmp.cleanup()

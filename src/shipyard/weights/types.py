@@ -1,56 +1,166 @@
-"""Records of published weight versions.
+"""Records of published weight versions: the store layout of snapshots and deltas.
 
-Contract: a version is an integer training step (0 = the base model). Version ``v`` lives in
-``weights/<v:08d>/``: ``model.safetensors`` (the model's parameters, tied ones once, in the
-serving dtype) and ``manifest.json``, written last. ``weights/LATEST`` holds the newest version
-number and moves only after that version's manifest exists, so a reader that follows LATEST
-never sees a partial version. The manifest carries a SHA-256 of every file and a digest of the
-whole state; readers verify it before adopting. (Delta versions arrive with the weight-shipping
-subsystem; this layout is the snapshot case.)
+Layout (keys in the store)::
+
+    weights/<v:08d>/manifest.json           written last: the version exists once this does
+    weights/<v:08d>/<encoding>-<i:05d>-<sha16>.bin   shards: coded tensors, back to back
+    weights/LATEST                          newest version number; moved after its manifest
+    weights/subscribers/<name>.json         a subscriber's adopted version and heartbeat
+
+A *version* is an integer training step (0 = the base model). Its manifest lists every tensor
+(dtype, shape, digest of the decoded tensor), the digest of the whole state, the parent version,
+and one or two *encodings*: ``delta`` (every tensor coded against the parent version with
+:func:`~shipyard.weights.codec.encode_delta`) and/or ``snapshot`` (every tensor self-contained,
+:func:`~shipyard.weights.codec.encode_snapshot`). An encoding names its codec, its shards (name,
+size, SHA-256) and, per tensor, the byte range ``[shard, offset, length]`` of its blob. Shard
+names carry their digest, so a shard is never overwritten with other bytes.
+
+Readers never see a half-written version: shards are written first, then the manifest (an atomic
+PUT), then ``LATEST``; garbage collection deletes a manifest before its shards.
 
 Example::
 
-    pub = WeightPublisher(store)
-    pub.publish(3, named_params(model))
-    v = latest_version(store)                 # 3
-    tensors = load_version(store, v)          # verified dict name -> tensor
+    m = Manifest.from_bytes(store.get(manifest_key(7)))
+    m.kind, m.parent, m.encodings["delta"].nbytes      # ('delta', 6, 41_913)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 WEIGHTS_PREFIX = "weights/"
 LATEST_KEY = "weights/LATEST"
+SUBSCRIBERS_PREFIX = "weights/subscribers/"
+MANIFEST_FORMAT = 2
+CODEC_DELTA = "sywc1-delta"
+CODEC_SNAPSHOT = "sywc1-snapshot"
+ENCODINGS = ("delta", "snapshot")
 
 
 def version_dir(version: int) -> str:
     return f"{WEIGHTS_PREFIX}{version:08d}"
 
 
+def manifest_key(version: int) -> str:
+    return f"{version_dir(version)}/manifest.json"
+
+
+def shard_key(version: int, shard: str) -> str:
+    return f"{version_dir(version)}/{shard}"
+
+
+def state_digest(digests: Mapping[str, str]) -> str:
+    """Digest of a whole state from its per-tensor digests (order-independent)."""
+    h = hashlib.sha256()
+    for name in sorted(digests):
+        h.update(f"{name}\0{digests[name]}\n".encode())
+    return f"sha256:{h.hexdigest()}"
+
+
 @dataclass
 class TensorEntry:
     dtype: str
     shape: list[int]
+    digest: str = ""
+    """``tensor_digest`` of the decoded tensor."""
+
+
+@dataclass
+class ShardEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass
+class Encoding:
+    codec: str
+    parent: int | None
+    shards: list[ShardEntry]
+    ranges: dict[str, list[int]]
+    """tensor name -> [shard index, byte offset, byte length] of its blob."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.size for s in self.shards)
 
 
 @dataclass
 class Manifest:
     version: int
-    kind: str
-    files: dict[str, str]
+    parent: int | None
     tensors: dict[str, TensorEntry]
+    encodings: dict[str, Encoding]
     state_digest: str
     created_at: float
     extra: dict[str, Any] = field(default_factory=dict)
+    format: int = MANIFEST_FORMAT
+
+    @property
+    def kind(self) -> str:
+        """``snapshot`` when the version can be read without its parent, else ``delta``."""
+        return "snapshot" if "snapshot" in self.encodings else "delta"
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of the decoded state (what a full uncompressed copy costs)."""
+        sizes = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
+        total = 0
+        for t in self.tensors.values():
+            n = 1
+            for d in t.shape:
+                n *= d
+            total += n * sizes.get(t.dtype, 4)
+        return total
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @staticmethod
-    def from_bytes(data: bytes) -> Manifest:
-        d = json.loads(data)
-        d["tensors"] = {k: TensorEntry(**v) for k, v in d["tensors"].items()}
-        return Manifest(**d)
+    def from_bytes(data: bytes, version: int | None = None) -> Manifest:
+        """Parse a manifest; ``ValueError`` naming the version when it is not one this code reads."""
+        try:
+            d = json.loads(data)
+            if d.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"format {d.get('format')!r} is not {MANIFEST_FORMAT}")
+            d["tensors"] = {k: TensorEntry(**v) for k, v in d["tensors"].items()}
+            d["encodings"] = {
+                k: Encoding(
+                    codec=e["codec"],
+                    parent=e["parent"],
+                    shards=[ShardEntry(**s) for s in e["shards"]],
+                    ranges=e["ranges"],
+                )
+                for k, e in d["encodings"].items()
+            }
+            m = Manifest(**d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"weights manifest of version {version}: unreadable ({e})") from e
+        unknown = set(m.encodings) - set(ENCODINGS)
+        if unknown or not m.encodings:
+            raise ValueError(f"weights manifest of version {version}: encodings {sorted(m.encodings)}")
+        return m
+
+
+@dataclass
+class SubscriberRecord:
+    """A subscriber's claim in the store: it serves ``version`` and renews ``heartbeat``."""
+
+    name: str
+    version: int
+    heartbeat: float
+    ttl_s: float
+
+    def live(self, now: float) -> bool:
+        return now - self.heartbeat < self.ttl_s
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> SubscriberRecord:
+        return SubscriberRecord(**json.loads(data))

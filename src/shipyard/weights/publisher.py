@@ -1,0 +1,239 @@
+"""Publish weight versions: a snapshot every K versions, deltas between, manifest last.
+
+Contract: :meth:`WeightPublisher.publish` codes the new state tensor by tensor against the
+previous published version (its *parent*, kept by the publisher as one copy in the serving
+dtype), packs the blobs into shards of at most ``shard_bytes`` and uploads them over
+``connections`` threads while coding continues, then writes the manifest, then moves
+``weights/LATEST``, then collects garbage (:func:`shipyard.weights.leases.collect_garbage`).
+Version ``v`` carries a delta when a parent exists and a snapshot when ``v % snapshot_every == 0``
+or no parent exists (the first version, or a parent of another structure). A publisher that
+starts on a store that already holds versions loads LATEST (verified) as its parent, so a
+restarted trainer keeps publishing deltas. Publishing the same version again with the same
+tensors rewrites identical bytes (the codec is deterministic; shard names carry their digest).
+
+Memory: the parent copy, the caller's tensors, the coded blobs of the tensors in flight and the
+shards waiting for upload (bounded by ``connections`` shards) - never a second full copy of the
+model. Limits: versions must increase; tensors are moved to the CPU to be coded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from shipyard.store.types import Store
+from shipyard.weights.types import (
+    CODEC_DELTA,
+    CODEC_SNAPSHOT,
+    LATEST_KEY,
+    Encoding,
+    Manifest,
+    ShardEntry,
+    TensorEntry,
+    manifest_key,
+    shard_key,
+    state_digest,
+)
+
+
+def named_params(model: Any) -> dict[str, Any]:
+    """The model's parameters by name, tied parameters once (what a version holds)."""
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+class _ShardWriter:
+    """Packs blobs into shards and uploads full shards in the background (bounded in flight)."""
+
+    def __init__(
+        self, store: Store, version: int, prefix: str, shard_bytes: int, pool: ThreadPoolExecutor, slots: int
+    ) -> None:
+        self.store, self.version, self.prefix = store, version, prefix
+        self.shard_bytes, self.pool = shard_bytes, pool
+        self.shards: list[ShardEntry] = []
+        self.ranges: dict[str, list[int]] = {}
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._inflight: list[Future] = []
+        self._slots = threading.Semaphore(max(2, slots))
+
+    def add(self, name: str, blob: bytes) -> None:
+        if self._size and self._size + len(blob) > self.shard_bytes:
+            self._flush()
+        self.ranges[name] = [len(self.shards), self._size, len(blob)]
+        self._parts.append(blob)
+        self._size += len(blob)
+
+    def _flush(self) -> None:
+        data = b"".join(self._parts)
+        self._parts, self._size = [], 0
+        sha = hashlib.sha256(data).hexdigest()
+        entry = ShardEntry(f"{self.prefix}-{len(self.shards):05d}-{sha[:16]}.bin", len(data), sha)
+        self.shards.append(entry)
+        key = shard_key(self.version, entry.name)
+        self._slots.acquire()
+
+        def put() -> None:
+            try:
+                if not (self.store.exists(key) and self.store.size(key) == len(data)):
+                    self.store.put(key, data)
+            finally:
+                self._slots.release()
+
+        self._inflight.append(self.pool.submit(put))
+
+    def finish(self, codec: str, parent: int | None) -> Encoding:
+        if self._parts or not self.shards:
+            self._flush()
+        for fut in self._inflight:
+            fut.result()
+        return Encoding(codec, parent, self.shards, self.ranges)
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        store: Store,
+        snapshot_every: int = 10,
+        keep: int = 2,
+        shard_bytes: int = 64 << 20,
+        workers: int = 2,
+        connections: int = 8,
+        lease_ttl_s: float = 120.0,
+    ) -> None:
+        if keep < 1 or snapshot_every < 1 or shard_bytes < 1:
+            raise ValueError(
+                f"keep={keep}, snapshot_every={snapshot_every} and shard_bytes={shard_bytes} must be >= 1"
+            )
+        self.store = store
+        self.snapshot_every = snapshot_every
+        self.keep = keep
+        self.shard_bytes = shard_bytes
+        self.workers = workers
+        self.connections = connections
+        self.lease_ttl_s = lease_ttl_s
+        self._parent: dict[str, Any] | None = None
+        self._parent_version: int | None = None
+        self._resumed = False
+
+    def has(self, version: int) -> bool:
+        return self.store.exists(manifest_key(version))
+
+    def publish(
+        self, version: int, tensors: Mapping[str, Any], extra: dict[str, Any] | None = None
+    ) -> Manifest:
+        """Write ``version`` (see the module contract); returns its manifest."""
+        self._resume_parent(version)
+        parent = self._parent if self._fits(tensors) else None
+        if self._parent_version is not None and version <= self._parent_version:
+            parent = None  # republishing an old version: no delta against a newer parent
+        with_snapshot = parent is None or version % self.snapshot_every == 0
+        try:
+            manifest = self._write(version, tensors, parent, with_snapshot, extra or {})
+        except BaseException:
+            self._parent, self._parent_version = None, None  # the parent copy may be half updated
+            raise
+        self.store.put(manifest_key(version), manifest.to_bytes())
+        self.store.put(LATEST_KEY, str(version).encode())
+        from shipyard.weights.leases import collect_garbage
+
+        collect_garbage(self.store, keep=self.keep)
+        return manifest
+
+    def _resume_parent(self, version: int) -> None:
+        """Load LATEST (verified) as the parent the first time, when it precedes ``version``."""
+        if self._resumed:
+            return
+        self._resumed = True
+        from shipyard.weights.versions import latest_version, load_version
+
+        latest = latest_version(self.store)
+        if latest is None or latest >= version:
+            return
+        try:
+            self._parent, self._parent_version = load_version(self.store, latest, self.workers), latest
+        except (FileNotFoundError, ValueError, LookupError):
+            self._parent, self._parent_version = None, None
+
+    def _fits(self, tensors: Mapping[str, Any]) -> bool:
+        p = self._parent
+        return (
+            p is not None
+            and set(p) == set(tensors)
+            and all(p[k].dtype == t.dtype and p[k].shape == t.shape for k, t in tensors.items())
+        )
+
+    def _write(
+        self,
+        version: int,
+        tensors: Mapping[str, Any],
+        parent: dict[str, Any] | None,
+        with_snapshot: bool,
+        extra: dict[str, Any],
+    ) -> Manifest:
+        from shipyard.weights.codec import encode_delta, encode_snapshot, tensor_digest
+
+        entries: dict[str, TensorEntry] = {}
+        parent_version = self._parent_version if parent is not None else None
+        new_parent: dict[str, Any] = {} if parent is None else parent
+        with ThreadPoolExecutor(self.connections, thread_name_prefix="weights-upload") as up:
+            writers = {}
+            if parent is not None:
+                writers["delta"] = _ShardWriter(
+                    self.store, version, "delta", self.shard_bytes, up, self.connections
+                )
+            if with_snapshot:
+                writers["snapshot"] = _ShardWriter(
+                    self.store, version, "snapshot", self.shard_bytes, up, self.connections
+                )
+
+            def code(name: str) -> tuple[str, str, dict[str, bytes]]:
+                t = tensors[name].detach().to("cpu").contiguous()
+                blobs = {}
+                if parent is not None:
+                    blobs["delta"] = encode_delta(parent[name], t)
+                if with_snapshot:
+                    blobs["snapshot"] = encode_snapshot(t)
+                digest = tensor_digest(t)
+                if parent is not None:
+                    parent[name].copy_(t)
+                else:
+                    new_parent[name] = t.clone()
+                return name, digest, blobs
+
+            for name, digest, blobs in _ordered_map(code, list(tensors), self.workers):
+                t = tensors[name]
+                entries[name] = TensorEntry(str(t.dtype).removeprefix("torch."), list(t.shape), digest)
+                for kind, blob in blobs.items():
+                    writers[kind].add(name, blob)
+            codecs = {"delta": CODEC_DELTA, "snapshot": CODEC_SNAPSHOT}
+            parents = {"delta": parent_version, "snapshot": None}
+            encodings = {k: w.finish(codecs[k], parents[k]) for k, w in writers.items()}
+        self._parent, self._parent_version = new_parent, version
+        return Manifest(
+            version=version,
+            parent=parent_version,
+            tensors=entries,
+            encodings=encodings,
+            state_digest=state_digest({k: e.digest for k, e in entries.items()}),
+            created_at=time.time(),
+            extra=extra,
+        )
+
+
+def _ordered_map(fn: Any, names: list[str], workers: int) -> Iterator[Any]:
+    """``fn`` over ``names`` on ``workers`` threads, results in order, at most ``2 * workers`` in flight."""
+    if workers <= 1:
+        yield from (fn(n) for n in names)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="weights-encode") as pool:
+        window: list[Future] = []
+        for n in names:
+            window.append(pool.submit(fn, n))
+            if len(window) >= 2 * workers:
+                yield window.pop(0).result()
+        for fut in window:
+            yield fut.result()

@@ -1,0 +1,347 @@
+"""Read published weight versions: list them, plan the cheapest verified path, fetch and decode.
+
+Contract:
+- :func:`plan_path` picks, from the version a reader holds (or none), the sequence of encodings
+  that reaches ``target`` with the fewest bytes: a newer snapshot, a chain of deltas, or a
+  snapshot followed by deltas (a shortest path over the versions' parent links; edges known to be
+  bad are skipped).
+- :class:`VersionReader` fetches an encoding's shards (each checked against its SHA-256; through a
+  resumable download cache when ``cache_dir`` is set, else parallel ranged GETs into memory),
+  decodes every tensor (in ``workers`` threads) into ``out`` and checks each decoded tensor's
+  digest and the state digest. Any mismatch raises ``ValueError`` naming version, tensor or shard.
+- :func:`reach` follows the plan and recovers: a missing object or digest mismatch marks that
+  edge bad, the plan is recomputed from the same base (``out`` is scratch until it returns), and
+  the error is recorded; it gives up (``LookupError``) when no path is left.
+- :func:`load_version` is ``reach`` from nothing into fresh tensors.
+
+Limits: ``out`` must be distinct from ``base`` (the base stays intact for a retry); tensors are
+CPU tensors. A tensor whose delta changes nothing and whose parent was verified is trusted
+without re-hashing (``trusted_base``), which keeps a step's cost proportional to what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shipyard.store.transfer import DEFAULT_CHUNK, download, fetch_bytes
+from shipyard.store.types import Store
+from shipyard.weights.types import (
+    LATEST_KEY,
+    WEIGHTS_PREFIX,
+    Encoding,
+    Manifest,
+    ShardEntry,
+    manifest_key,
+    shard_key,
+    state_digest,
+)
+
+
+def latest_version(store: Store) -> int | None:
+    if not store.exists(LATEST_KEY):
+        return None
+    return int(store.get(LATEST_KEY).decode().strip())
+
+
+def published_versions(store: Store) -> list[int]:
+    out = set()
+    for key in store.list(WEIGHTS_PREFIX):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == "manifest.json" and parts[1].isdigit():
+            out.add(int(parts[1]))
+    return sorted(out)
+
+
+def read_manifest(store: Store, version: int) -> Manifest:
+    return Manifest.from_bytes(store.get(manifest_key(version)), version)
+
+
+def read_manifests(store: Store, upto: int | None = None) -> dict[int, Manifest]:
+    """Every readable manifest (up to ``upto``); ones deleted or unreadable meanwhile are left out."""
+    out = {}
+    for v in published_versions(store):
+        if upto is not None and v > upto:
+            continue
+        try:
+            out[v] = read_manifest(store, v)
+        except (FileNotFoundError, ValueError):
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class Step:
+    """Apply ``encoding`` of ``version`` (``nbytes`` to fetch)."""
+
+    version: int
+    encoding: str
+    nbytes: int
+
+
+def plan_path(
+    manifests: Mapping[int, Manifest],
+    have: int | None,
+    target: int,
+    bad: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
+) -> list[Step]:
+    """Cheapest sequence of steps from ``have`` (None: nothing) to ``target``; ``LookupError`` if none."""
+    if have == target:
+        return []
+    cost: dict[int, tuple[int, Step | None]] = {} if have is None else {have: (0, None)}
+    for v in sorted(x for x in manifests if x <= target and x != have):
+        best: tuple[int, Step] | None = None
+        for name, enc in manifests[v].encodings.items():
+            if (v, name) in bad:
+                continue
+            if name == "snapshot":
+                base = 0
+            elif enc.parent in cost:
+                base = cost[enc.parent][0]
+            else:
+                continue
+            if best is None or base + enc.nbytes < best[0]:
+                best = (base + enc.nbytes, Step(v, name, enc.nbytes))
+        if best is not None:
+            cost[v] = best
+    if target not in cost:
+        raise LookupError(
+            f"no verified path to weights version {target} from {have} (bad edges: {sorted(bad)})"
+        )
+    path: list[Step] = []
+    v: int | None = target
+    while v is not None and v != have:
+        step = cost[v][1]
+        assert step is not None, "only the start node has no step"
+        path.append(step)
+        enc = manifests[v].encodings[step.encoding]
+        v = None if step.encoding == "snapshot" else enc.parent
+    return path[::-1]
+
+
+@dataclass
+class ReadStats:
+    """Bytes fetched (new, and found in the resumable cache) and seconds spent, per reader."""
+
+    bytes_fetched: int = 0
+    shards: int = 0
+    fetch_s: float = 0.0
+    decode_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class VersionReader:
+    """Fetch and decode versions from one store (see the module contract)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache_dir: Path | None = None,
+        connections: int = 8,
+        chunk_bytes: int = DEFAULT_CHUNK,
+        workers: int = 2,
+    ) -> None:
+        self.store = store
+        self.cache_dir = cache_dir
+        self.connections = connections
+        self.chunk_bytes = chunk_bytes
+        self.workers = workers
+        self.stats = ReadStats()
+        self.on_shard: Callable[[int, ShardEntry, bytes], None] | None = None
+        """Called with every verified shard (a relay copies it into its mirror)."""
+
+    def shard(self, version: int, shard: ShardEntry) -> bytes:
+        """The verified bytes of one shard."""
+        key = shard_key(version, shard.name)
+        t0 = time.perf_counter()
+        if self.cache_dir is not None:
+            dest = self.cache_dir / f"{version:08d}" / shard.name
+            rep = download(
+                self.store, key, dest, shard.sha256, shard.size, self.connections, self.chunk_bytes
+            )
+            data, fetched = dest.read_bytes(), rep.bytes_fetched
+        else:
+            data = fetch_bytes(self.store, key, shard.size, self.connections, self.chunk_bytes)
+            fetched = len(data)
+            got = _sha256(data)
+            if got != shard.sha256:
+                raise ValueError(
+                    f"store object {key!r}: sha256 {got[:12]} != expected {shard.sha256[:12]} (corrupted)"
+                )
+        with self.stats.lock:
+            self.stats.bytes_fetched += fetched
+            self.stats.shards += 1
+            self.stats.fetch_s += time.perf_counter() - t0
+        if self.on_shard is not None:
+            self.on_shard(version, shard, data)
+        return data
+
+    def apply(
+        self,
+        manifest: Manifest,
+        encoding: str,
+        base: Mapping[str, Any] | None,
+        out: dict[str, Any] | None,
+        base_digests: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Decode ``encoding`` of ``manifest`` (deltas against ``base``) into ``out`` (None: new
+        tensors); every tensor verified. Returns the decoded state by name."""
+        enc = manifest.encodings[encoding]
+        names = set(manifest.tensors)
+        if set(enc.ranges) != names or (encoding == "delta" and (base is None or set(base) != names)):
+            raise ValueError(f"weights version {manifest.version}: {encoding} does not cover its tensors")
+        if state_digest({k: t.digest for k, t in manifest.tensors.items()}) != manifest.state_digest:
+            raise ValueError(
+                f"weights version {manifest.version}: tensor digests do not give the state digest"
+            )
+        result: dict[str, Any] = {}
+        for idx, shard in enumerate(enc.shards):
+            data = self.shard(manifest.version, shard)
+            members = [n for n, r in enc.ranges.items() if r[0] == idx]
+            t0 = time.perf_counter()
+            result.update(
+                _decode_many(
+                    manifest, enc, encoding, data, members, base, out, base_digests or {}, self.workers
+                )
+            )
+            with self.stats.lock:
+                self.stats.decode_s += time.perf_counter() - t0
+        return result
+
+    def clear_cache(self, below: int) -> None:
+        """Drop cached shards of versions older than ``below``."""
+        if self.cache_dir is None or not self.cache_dir.is_dir():
+            return
+        for d in self.cache_dir.iterdir():
+            if d.name.isdigit() and int(d.name) < below:
+                for f in d.iterdir():
+                    f.unlink(missing_ok=True)
+                d.rmdir()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _decode_many(
+    manifest: Manifest,
+    enc: Encoding,
+    encoding: str,
+    data: bytes,
+    members: list[str],
+    base: Mapping[str, Any] | None,
+    out: dict[str, Any] | None,
+    base_digests: Mapping[str, str],
+    workers: int,
+) -> dict[str, Any]:
+    from shipyard.weights.codec import decode_delta, decode_snapshot, describe_blob, tensor_digest
+
+    view = memoryview(data)
+
+    def one(name: str) -> tuple[str, Any]:
+        _, offset, length = enc.ranges[name]
+        blob = bytes(view[offset : offset + length])
+        entry = manifest.tensors[name]
+        target = None if out is None else out[name]
+        if encoding == "delta":
+            assert base is not None
+            t = decode_delta(base[name], blob, out=target)
+            if describe_blob(blob)["changed"] == 0 and base_digests.get(name) == entry.digest:
+                return name, t  # the verified parent, copied bit for bit
+        else:
+            t = decode_snapshot(blob)
+            if target is not None:
+                target.copy_(t)
+                t = target
+        if list(t.shape) != entry.shape or str(t.dtype).removeprefix("torch.") != entry.dtype:
+            raise ValueError(
+                f"weights version {manifest.version} tensor {name!r}: decoded {t.dtype} {tuple(t.shape)}"
+            )
+        if tensor_digest(t) != entry.digest:
+            raise ValueError(
+                f"weights version {manifest.version} tensor {name!r}: digest mismatch after {encoding}"
+            )
+        return name, t
+
+    if workers == 1 or len(members) < 2:
+        return dict(one(n) for n in members)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="weights-decode") as pool:
+        return dict(pool.map(one, members))
+
+
+@dataclass
+class Reached:
+    """Outcome of :func:`reach`: the state, the steps taken, errors recovered from."""
+
+    state: dict[str, Any]
+    path: list[Step]
+    errors: list[str]
+    changed: set[str]
+
+
+def reach(
+    reader: VersionReader,
+    target: int,
+    base_version: int | None,
+    base: Mapping[str, Any] | None,
+    out: dict[str, Any] | None,
+    trusted_base: bool = False,
+) -> Reached:
+    """Bring ``base`` (at ``base_version``) to ``target`` along the cheapest path, recovering from
+    bad edges; see the module contract. ``out`` receives the result (None: fresh tensors)."""
+    bad: set[tuple[int, str]] = set()
+    errors: list[str] = []
+    while True:
+        manifests = read_manifests(reader.store, upto=target)
+        have = base_version if base is not None else None
+        path = plan_path(manifests, have, target, bad)  # LookupError when nothing is left
+        base_digests = (
+            {k: t.digest for k, t in manifests[have].tensors.items()}
+            if trusted_base and have in manifests
+            else {}
+        )
+        state: Mapping[str, Any] | None = base
+        step = None
+        try:
+            for step in path:
+                m = manifests[step.version]
+                state = reader.apply(m, step.encoding, state, out, base_digests)
+                base_digests = {k: t.digest for k, t in m.tensors.items()}
+                if out is None:
+                    out = dict(state)
+            final = manifests[target]
+            prev = manifests.get(have) if have is not None else None
+            if prev is None or not path or path[0].encoding == "snapshot":
+                changed = set(final.tensors)  # the base was not used: every tensor is new
+            else:
+                changed = {k for k, t in final.tensors.items() if prev.tensors.get(k, t).digest != t.digest}
+            return Reached(dict(state or {}), path, errors, changed)
+        except (FileNotFoundError, ValueError) as e:
+            assert step is not None
+            errors.append(f"version {step.version} {step.encoding}: {e}")
+            bad.add((step.version, step.encoding))
+
+
+def load_version(store: Store, version: int, workers: int = 2) -> dict[str, Any]:
+    """Tensors of ``version``, verified (snapshot plus deltas as the cheapest path needs)."""
+    return reach(VersionReader(store, workers=workers), version, None, None, None).state
+
+
+__all__ = [
+    "Reached",
+    "Step",
+    "VersionReader",
+    "latest_version",
+    "load_version",
+    "plan_path",
+    "published_versions",
+    "read_manifest",
+    "read_manifests",
+    "reach",
+]

@@ -1,0 +1,215 @@
+"""Store layout of versions: snapshots every K, deltas between, manifest last, cheapest paths,
+fallback on missing or corrupted objects, readers never see a partial version, GC and leases."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shipyard.store import LocalStore
+from shipyard.weights.codec import tensor_digest
+from shipyard.weights.leases import collect_garbage, read_records, write_record
+from shipyard.weights.publisher import WeightPublisher
+from shipyard.weights.types import (
+    Encoding,
+    Manifest,
+    ShardEntry,
+    SubscriberRecord,
+    TensorEntry,
+    manifest_key,
+    shard_key,
+)
+from shipyard.weights.versions import (
+    VersionReader,
+    latest_version,
+    load_version,
+    plan_path,
+    published_versions,
+    reach,
+    read_manifest,
+    read_manifests,
+)
+
+
+def test_layout_snapshot_every_k_and_deltas_between(tmp_path: Path, make_chain, publish, same_state) -> None:
+    states = make_chain(12)
+    store = LocalStore(tmp_path)
+    publish(store, states, snapshot_every=4, keep=100, shard_bytes=16_000)
+    assert latest_version(store) == 11 and published_versions(store) == list(range(12))
+    kinds = {v: read_manifest(store, v).kind for v in range(12)}
+    assert [v for v, k in kinds.items() if k == "snapshot"] == [0, 4, 8]
+    m0, m5, m8 = (read_manifest(store, v) for v in (0, 5, 8))
+    assert m0.parent is None and set(m0.encodings) == {"snapshot"}
+    assert m5.parent == 4 and set(m5.encodings) == {"delta"} and m5.encodings["delta"].parent == 4
+    assert set(m8.encodings) == {"delta", "snapshot"} and m8.encodings["delta"].parent == 7
+    # manifest: dtypes, shapes, digests of the decoded tensors, byte ranges inside listed shards
+    assert m5.tensors["w"].dtype == "bfloat16" and m5.tensors["w"].shape == [256, 96]
+    assert m5.tensors["w"].digest == tensor_digest(states[5]["w"])
+    assert len(m8.encodings["snapshot"].shards) >= 2, "16 kB shards split the 60 kB snapshot"
+    for enc in m8.encodings.values():
+        for name, (idx, off, length) in enc.ranges.items():
+            assert off + length <= enc.shards[idx].size, name
+        for s in enc.shards:
+            assert store.size(shard_key(8, s.name)) == s.size
+    # the unchanged tensor costs a header; a delta is a small fraction of a snapshot
+    assert m5.encodings["delta"].nbytes * 3 < m8.encodings["snapshot"].nbytes
+    for v in range(12):
+        assert same_state(load_version(store, v), states[v]), v
+
+
+def test_plan_prefers_fewest_bytes() -> None:
+    def m(v: int, delta: int | None, snap: int | None) -> Manifest:
+        enc = {}
+        if delta is not None:
+            enc["delta"] = Encoding("sywc1-delta", v - 1, [ShardEntry("d", delta, "")], {})
+        if snap is not None:
+            enc["snapshot"] = Encoding("sywc1-snapshot", None, [ShardEntry("s", snap, "")], {})
+        return Manifest(v, v - 1 if delta else None, {"x": TensorEntry("float32", [1], "")}, enc, "", 0.0)
+
+    ms = {
+        0: m(0, None, 1000),
+        **{v: m(v, 100, None) for v in range(1, 8)},
+        8: m(8, 100, 1000),
+        9: m(9, 100, None),
+    }
+
+    def steps(path: list) -> list[tuple[int, str]]:
+        return [(s.version, s.encoding) for s in path]
+
+    assert steps(plan_path(ms, 7, 9)) == [(8, "delta"), (9, "delta")]
+    # from version 1: deltas 2..9 cost 800 < snapshot 8 + delta 9 = 1100
+    assert steps(plan_path(ms, 1, 9))[0] == (2, "delta")
+    ms[5], ms[6] = m(5, 400, None), m(6, 400, None)  # deltas 2..9 now cost 1400 > 1100
+    assert steps(plan_path(ms, 1, 9)) == [(8, "snapshot"), (9, "delta")]
+    assert steps(plan_path(ms, None, 3)) == [(0, "snapshot"), (1, "delta"), (2, "delta"), (3, "delta")]
+    assert steps(plan_path(ms, 7, 9, bad={(8, "delta")})) == [(8, "snapshot"), (9, "delta")]
+    with pytest.raises(LookupError, match="version 9"):
+        plan_path(ms, 7, 9, bad={(8, "delta"), (8, "snapshot")})
+
+
+def _delta_shard_key(store: LocalStore, v: int) -> str:
+    return shard_key(v, read_manifest(store, v).encodings["delta"].shards[0].name)
+
+
+def test_missing_delta_falls_back_to_snapshot(tmp_path: Path, make_chain, publish, same_state) -> None:
+    states = make_chain(11)
+    store = LocalStore(tmp_path)
+    publish(store, states, snapshot_every=8, keep=100)
+    store.delete(_delta_shard_key(store, 6))
+    reader = VersionReader(store, tmp_path / "cache")
+    got = reach(reader, 10, 5, states[5], {k: torch.empty_like(t) for k, t in states[5].items()})
+    assert same_state(got.state, states[10])
+    assert [(s.version, s.encoding) for s in got.path] == [(8, "snapshot"), (9, "delta"), (10, "delta")]
+    assert len(got.errors) == 1 and "version 6 delta" in got.errors[0] and "not found" in got.errors[0]
+    assert got.changed == {"w", "b", "frozen"}, "a snapshot path replaces every tensor"
+
+
+def test_corrupted_shard_is_detected_and_the_path_recovers(
+    tmp_path: Path, make_chain, publish, same_state
+) -> None:
+    states = make_chain(10)
+    store = LocalStore(tmp_path)
+    publish(store, states, snapshot_every=8, keep=100)
+    key = _delta_shard_key(store, 6)
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0x01
+    store.put(key, bytes(data))  # bit rot at rest: same size, wrong bytes
+    base = {k: t.clone() for k, t in states[5].items()}
+    out = {k: torch.empty_like(t) for k, t in base.items()}
+    got = reach(VersionReader(store, tmp_path / "cache"), 9, 5, base, out)
+    assert len(got.errors) == 1 and "sha256" in got.errors[0] and "corrupted" in got.errors[0]
+    assert [(s.version, s.encoding) for s in got.path] == [(8, "snapshot"), (9, "delta")]
+    assert same_state(got.state, states[9]) and same_state(base, states[5]), "the base is never written"
+    assert not (tmp_path / "cache" / "00000006").exists() or not any(
+        (tmp_path / "cache" / "00000006").iterdir()
+    )
+
+
+def test_wrong_base_is_caught_by_digests_and_recovered(
+    tmp_path: Path, make_chain, publish, same_state
+) -> None:
+    states = make_chain(6)
+    store = LocalStore(tmp_path)
+    publish(store, states, snapshot_every=4, keep=100)
+    wrong = {k: t.clone() for k, t in states[2].items()}
+    wrong["frozen"][0, 0] += 1  # the server claims version 2 but one weight differs
+    got = reach(VersionReader(store), 5, 2, wrong, {k: torch.empty_like(t) for k, t in wrong.items()})
+    assert same_state(got.state, states[5]) and "digest mismatch" in got.errors[0]
+    assert got.path[0].encoding == "snapshot" and got.changed == {"w", "b", "frozen"}
+
+
+def test_reader_never_observes_a_partial_version(tmp_path: Path, make_chain, same_state) -> None:
+    states = make_chain(25, seed=3)
+    digests = {v: {k: tensor_digest(t) for k, t in s.items()} for v, s in enumerate(states)}
+    store = LocalStore(tmp_path)
+    pub = WeightPublisher(store, snapshot_every=5, keep=1000, shard_bytes=8_000)
+    stop = threading.Event()
+    seen: list[int] = []
+    failures: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            v = latest_version(store)
+            for listed in published_versions(store):  # every listed version is complete
+                m = read_manifest(store, listed)
+                for enc in m.encodings.values():
+                    missing = [s.name for s in enc.shards if not store.exists(shard_key(listed, s.name))]
+                    if missing:
+                        failures.append(f"version {listed} listed without {missing}")
+            if v is None:
+                continue
+            got = load_version(store, v)
+            if {k: tensor_digest(t) for k, t in got.items()} != digests[v]:
+                failures.append(f"version {v} read with other bytes")
+            seen.append(v)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for v, s in enumerate(states):
+        pub.publish(v, s)
+    time.sleep(0.05)
+    stop.set()
+    t.join()
+    assert not failures, failures[:3]
+    assert len(set(seen)) >= 3, f"reader saw too few versions to mean anything: {sorted(set(seen))}"
+
+
+def test_gc_keeps_what_live_subscribers_need(tmp_path: Path, make_chain, same_state) -> None:
+    states = make_chain(13)
+    store = LocalStore(tmp_path)
+    pub = WeightPublisher(store, snapshot_every=5, keep=1)
+    write_record(store, "server-a", 3, ttl_s=600)  # live, lagging at version 3
+    dead = SubscriberRecord("server-dead", 1, heartbeat=time.time() - 10_000, ttl_s=600)
+    store.put("weights/subscribers/server-dead.json", dead.to_bytes())  # stopped renewing long ago
+    for v, s in enumerate(states):
+        pub.publish(v, s)
+    kept = published_versions(store)
+    assert kept == list(range(3, 13)), kept  # 3..12: server-a's delta chain; 0..2 collected
+    assert [r.name for r in read_records(store)] == ["server-a"], "the dead record is removed"
+    no_snapshots = {(v, "snapshot") for v in range(13)}
+    deltas = plan_path(read_manifests(store), 3, 12, bad=no_snapshots)  # server-a's delta chain is whole
+    assert [s.version for s in deltas] == list(range(4, 13))
+    got = reach(
+        VersionReader(store), 12, 3, states[3], {k: torch.empty_like(t) for k, t in states[3].items()}
+    )
+    assert same_state(got.state, states[12]) and not got.errors
+    write_record(store, "server-a", 12, ttl_s=600)  # caught up: only LATEST's chain stays
+    collect_garbage(store, keep=1)
+    assert published_versions(store) == [10, 11, 12]
+    assert not [k for k in store.list("weights/") if k.split("/")[1] in {"00000003", "00000009"}]
+
+
+def test_restarted_publisher_continues_with_deltas(tmp_path: Path, make_chain, same_state) -> None:
+    states = make_chain(5)
+    store = LocalStore(tmp_path)
+    first = WeightPublisher(store, snapshot_every=100, keep=100)
+    for v in range(3):
+        first.publish(v, states[v])
+    again = WeightPublisher(store, snapshot_every=100, keep=100)  # a new process after a crash
+    m = again.publish(3, states[3])
+    assert m.kind == "delta" and m.parent == 2
+    again.publish(4, states[4])
+    assert same_state(load_version(store, 4), states[4])
+    assert store.get(manifest_key(4)) == again.store.get(manifest_key(4))
