@@ -15,6 +15,7 @@ Shape legend: B = batch, T = sequence length, V = vocabulary.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from typing import Any
@@ -25,8 +26,10 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine import EmbeddedEngine, sample_tokens
-from shipyard.inference.types import GenerateRequest, SamplingParams
+from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
+from shipyard.models.router_replay import RouterSeam
+from shipyard.models.routes import decode_routes, encode_routes
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 10, 11],
@@ -330,3 +333,100 @@ def test_sampler_frequencies_and_nucleus(vocab: int) -> None:
         assert len(set(tokens_B.tolist())) > 100
     plain_B, _ = sample_tokens(logits_BV[:2000], torch.ones(2000), torch.ones(2000), gens[:2000])
     assert abs(float((plain_B == 0).float().mean()) - float(probs_V[0])) < 0.035
+
+
+# ------------------------------------------------------------------------------ MoE routes
+
+
+def _reference_routes(model: Any, ids: list[int]) -> torch.Tensor:
+    """``[T, L, K]`` experts a plain full forward of ``ids`` chooses, sorted per token."""
+    seam = RouterSeam(model)
+    seam.record = True
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+        return torch.stack([r.long() for r in seam.recorded if r is not None], dim=1).sort(dim=-1).values
+    finally:
+        seam.remove()
+
+
+@pytest.mark.parametrize("kind", ["moe", "mixtral", "deepseek_v3"])
+def test_recorded_routes_equal_reference_top_k(kind: str) -> None:
+    model, tok = _tiny(kind, seed=3)
+    engine = EmbeddedEngine(model, tok, max_batch=4)
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=m, seed=s) for m, s in ((9, 1), (6, 2), (12, 3), (4, 4))
+    ]
+    results = engine.generate([GenerateRequest(p, q) for p, q in zip(PROMPTS, params, strict=True)])
+    assert engine.seam is not None
+    for prompt, res in zip(PROMPTS, results, strict=True):
+        assert res.routes is not None and res.routes["dtype"] == "uint8"
+        got_NLK = torch.from_numpy(decode_routes(res.routes).astype("int64"))
+        forwarded = prompt + res.token_ids[:-1]  # the last sampled token is never forwarded
+        assert got_NLK.shape == (len(forwarded), len(engine.seam.layers), 2)
+        assert torch.equal(got_NLK.sort(dim=-1).values, _reference_routes(model, forwarded))
+
+
+def test_prompt_routes_are_replayed_across_turns(moe: tuple[Any, Any]) -> None:
+    model, tok = moe
+    engine = EmbeddedEngine(model, tok, max_batch=4)
+    [turn1] = engine.generate([GenerateRequest(PROMPTS[2], SamplingParams(max_tokens=8, seed=5))])
+    assert turn1.routes is not None
+    context = PROMPTS[2] + turn1.token_ids + [11, 12, 13]  # + a tool result
+    forced = {**turn1.routes}
+    first_NLK = decode_routes(turn1.routes)
+    forced["data"] = encode_routes((first_NLK.astype("int64") + 1) % 8, forced["layers"], 8)["data"]
+    second = engine.generate(
+        [
+            GenerateRequest(context, SamplingParams(max_tokens=6, seed=6), prompt_routes=turn1.routes),
+            GenerateRequest(context, SamplingParams(max_tokens=6, seed=6), prompt_routes=forced),
+            GenerateRequest(context, SamplingParams(max_tokens=6, seed=6)),
+        ]
+    )
+    n = turn1.routes["n"]
+    for res, given in zip(second[:2], (turn1.routes, forced), strict=True):
+        assert res.routes is not None and res.routes["n"] == len(context) + len(res.token_ids) - 1
+        assert (decode_routes(res.routes)[:n] == decode_routes(given)).all()
+    assert second[1].logprobs != second[2].logprobs  # replayed (wrong) experts change the sampler's output
+
+
+def test_routes_off_for_dense_and_prompt_routes_rejected(dense: tuple[Any, Any]) -> None:
+    model, tok = dense
+    engine = EmbeddedEngine(model, tok)
+    [res] = engine.generate([GenerateRequest(PROMPTS[1], _greedy(3))])
+    assert engine.seam is None and res.routes is None
+    routes = encode_routes(torch.zeros(2, 2, 2, dtype=torch.long), [0, 1], 8)
+    with pytest.raises(ValueError, match="records no MoE routes"):
+        engine.generate([GenerateRequest(PROMPTS[1], _greedy(3), prompt_routes=routes)])
+    with pytest.raises(ValueError, match="has no MoE router"):
+        EmbeddedEngine(model, tok, record_routes=True)
+
+
+def _target_in_mixes(engine: EmbeddedEngine) -> tuple[GenerateResult, list[GenerateResult]]:
+    """The target request alone, then at every position among three others, and with max_batch 2."""
+    target = GenerateRequest(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=6, seed=77))
+    others = [
+        GenerateRequest(p, SamplingParams(max_tokens=m, seed=m))
+        for p, m in zip(PROMPTS[1:], (8, 2, 5), strict=True)
+    ]
+    [alone] = engine.generate([target])
+    mixes = [engine.generate([*others[:i], target, *others[i:]])[i] for i in range(len(others) + 1)]
+    engine.max_batch = 2
+    mixes.append(engine.generate([others[2], others[0], target])[2])
+    return alone, mixes
+
+
+@pytest.mark.parametrize("kind", [pytest.param("smollm2", marks=pytest.mark.slow), "moe"])
+def test_deterministic_mode_is_batch_invariant(kind: str, request: pytest.FixtureRequest) -> None:
+    model, tok = (
+        load_model(ModelConfig(source="smollm2")) if kind == "smollm2" else request.getfixturevalue(kind)
+    )
+    model = copy.deepcopy(model).to(torch.bfloat16)  # bf16: where batch shape changes the bits most
+    alone, mixes = _target_in_mixes(EmbeddedEngine(model, tok, max_batch=4, deterministic=True))
+    for res in mixes:
+        assert res.token_ids == alone.token_ids
+        assert res.logprobs == alone.logprobs  # bit-identical floats
+        assert res.routes == alone.routes
+    if kind == "smollm2":  # the test has teeth: batched, the same request's logprobs move
+        alone, mixes = _target_in_mixes(EmbeddedEngine(model, tok, max_batch=4))
+        assert any(res.logprobs != alone.logprobs for res in mixes)

@@ -23,6 +23,18 @@ Contract:
   for the forward pass that produced its logits; each apply's duration is appended to ``pauses``.
   The KV cache of running rows is kept across a swap (in-flight update: tokens after the swap
   attend to keys/values computed with the older weights).
+- MoE routes (``record_routes``; on by default for a model with routers of
+  :data:`~shipyard.models.router_replay.ROUTER_CLASSES`): every forward records, per MoE layer,
+  the experts each token used (:class:`~shipyard.models.router_replay.RouterSeam`), and each result
+  carries ``routes`` for all its forwarded positions, prompt and sampled tokens but the last (a
+  :mod:`shipyard.models.routes` record, uint8/uint16 ids). A request's ``prompt_routes`` (an
+  earlier turn's routes of a prefix of its prompt) are replayed in the prefill, so across turns a
+  token keeps the experts of its first forward, as with a reused KV cache; its result's routes
+  start with them.
+- Deterministic mode (``deterministic=True``): every request runs as a batch of its own (no
+  padding, fixed per-row shapes), so a sequence's logits, tokens and routes are bit-identical
+  whatever else was submitted with it; it costs the batching speedup (measured in
+  ``benchmarks/mismatch.py``).
 
 Limits: one generate runs at a time (calls from several threads are serialised); requests are
 chunked in arrival order, so a straggler in one chunk delays the next chunk (no continuous
@@ -44,6 +56,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +65,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from shipyard.models.router_replay import RouterSeam, moe_routers
+from shipyard.models.routes import decode_routes, encode_routes
 
 
 @dataclass
@@ -67,6 +82,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+    routes: list[torch.Tensor] = field(default_factory=list)
+    """Pieces ``[n, L, K]`` (int16) of the experts used by each forwarded position, in order."""
 
 
 NUCLEUS_TOPK = 1024
@@ -166,12 +183,23 @@ class _Batch:
 class EmbeddedEngine:
     """Batched sampler around an HF causal LM; see the module docstring for the contract."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 16, version: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int = 16,
+        version: int = 0,
+        *,
+        record_routes: bool | None = None,
+        deterministic: bool = False,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.deterministic = deterministic
+        self.seam = self._route_seam(model, record_routes)
         self.version = version
         self.pauses: list[float] = []
         self.stats: dict[str, int] = {
@@ -192,6 +220,19 @@ class EmbeddedEngine:
         self._lock = threading.RLock()
         self._stage_lock = threading.Lock()
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    @staticmethod
+    def _route_seam(model: Any, record_routes: bool | None) -> RouterSeam | None:
+        """A recording seam for an MoE model (None: dense, or ``record_routes=False``)."""
+        if record_routes is False:
+            return None
+        if not moe_routers(model):
+            if record_routes:
+                raise ValueError(f"record_routes=True, but {type(model).__name__} has no MoE router")
+            return None
+        seam = RouterSeam(model)
+        seam.record = True
+        return seam
 
     @staticmethod
     def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -287,22 +328,49 @@ class EmbeddedEngine:
                 raise ValueError(f"request {i}: stop must be a list of non-empty strings")
             if p.seed is not None and not (isinstance(p.seed, int) and -(2**63) <= p.seed < 2**64):
                 raise ValueError(f"request {i}: seed={p.seed!r} must be a 64-bit int or None")
+            if req.prompt_routes is not None:
+                self._check_prompt_routes(i, req)
+
+    def _check_prompt_routes(self, i: int, req: GenerateRequest) -> None:
+        if self.seam is None:
+            raise ValueError(f"request {i}: prompt_routes given, but this engine records no MoE routes")
+        routes = req.prompt_routes or {}
+        decode_routes(routes)  # raises ValueError on a malformed record
+        seam = self.seam
+        if (
+            list(routes["layers"]) != seam.layers
+            or routes["k"] != seam.top_k
+            or routes["experts"] != seam.num_experts
+        ):
+            raise ValueError(
+                f"request {i}: prompt_routes are for MoE layers {routes['layers']}, k={routes['k']}, "
+                f"{routes['experts']} experts; the model has {seam.layers}, k={seam.top_k}, {seam.num_experts}"
+            )
+        if routes["n"] > len(req.prompt_ids):
+            raise ValueError(
+                f"request {i}: prompt_routes cover {routes['n']} positions, the prompt has {len(req.prompt_ids)}"
+            )
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Sample every request (chunks of ``max_batch``); results are in request order."""
         self.validate(requests)
         results: list[GenerateResult] = []
+        chunk = 1 if self.deterministic else self.max_batch
         with self._lock, torch.inference_mode():
-            for start in range(0, len(requests), self.max_batch):
-                rows = [
-                    self._new_row(start + i, r)
-                    for i, r in enumerate(requests[start : start + self.max_batch])
-                ]
+            for start in range(0, len(requests), chunk):
+                rows = [self._new_row(start + i, r) for i, r in enumerate(requests[start : start + chunk])]
                 self._run_chunk(rows, requests)
                 for r in rows:
                     assert r.finish is not None, "a chunk returns only when every row has finished"
-                    results.append(GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish))
+                    results.append(
+                        GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish, self._routes(r))
+                    )
         return results
+
+    def _routes(self, row: _Row) -> dict[str, Any] | None:
+        if self.seam is None:
+            return None
+        return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
     def _new_row(self, index: int, req: GenerateRequest) -> _Row:
         gen = torch.Generator()
@@ -315,7 +383,7 @@ class EmbeddedEngine:
 
     def _run_chunk(self, rows: list[_Row], requests: list[GenerateRequest]) -> None:
         self.apply_pending()
-        batch, logits_BV = self._prefill(rows, [requests[r.index].prompt_ids for r in rows])
+        batch, logits_BV = self._prefill(rows, [requests[r.index] for r in rows])
         self.stats["batches"] += 1
         self.stats["sequences"] += len(rows)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
@@ -333,7 +401,8 @@ class EmbeddedEngine:
             self.apply_pending()
             logits_BV = self._decode_step(batch, tokens_B)
 
-    def _prefill(self, rows: list[_Row], prompts: list[list[int]]) -> tuple[_Batch, torch.Tensor]:
+    def _prefill(self, rows: list[_Row], requests: list[GenerateRequest]) -> tuple[_Batch, torch.Tensor]:
+        prompts = [req.prompt_ids for req in requests]
         width = max(len(p) for p in prompts)
         ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attn_BT = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -342,14 +411,20 @@ class EmbeddedEngine:
             attn_BT[b, width - len(prompt) :] = 1
         pos_BT = (attn_BT.cumsum(dim=1) - 1).masked_fill(attn_BT == 0, 0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids_BT.to(self.device),
-            attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
-            position_ids=pos_BT.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        plan = self._prompt_plan(requests, width)
+        with nullcontext() if plan is None or self.seam is None else self.seam.plan(plan, replay=True):
+            out = self.model(
+                input_ids=ids_BT.to(self.device),
+                attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
+                position_ids=pos_BT.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        if self.seam is not None:
+            used_BTLK = self._take_routes(len(rows), width)
+            for b, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+                row.routes.append(used_BTLK[b, width - len(prompt) :])
         batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         return batch, out.logits[:, -1, :].float().cpu()
 
@@ -365,7 +440,30 @@ class EmbeddedEngine:
             use_cache=True,
         )
         self.stats["decode_steps"] += 1
+        if self.seam is not None:
+            used_BTLK = self._take_routes(len(batch.rows), 1)
+            for b, row in enumerate(batch.rows):
+                row.routes.append(used_BTLK[b])
         return out.logits[:, -1, :].float().cpu()
+
+    def _prompt_plan(self, requests: list[GenerateRequest], width: int) -> torch.Tensor | None:
+        """``[B, width, L, K]`` routes to replay in a left-padded prefill (-1: route freely); None if none."""
+        if self.seam is None or all(req.prompt_routes is None for req in requests):
+            return None
+        plan_BTLK = torch.full((len(requests), width, len(self.seam.layers), self.seam.top_k), -1)
+        for b, req in enumerate(requests):
+            if req.prompt_routes is not None:
+                given_NLK = torch.from_numpy(decode_routes(req.prompt_routes).astype("int64"))
+                start = width - len(req.prompt_ids)
+                plan_BTLK[b, start : start + given_NLK.shape[0]] = given_NLK
+        return plan_BTLK
+
+    def _take_routes(self, rows: int, width: int) -> torch.Tensor:
+        """The experts the last forward used, ``[B, T, L, K]`` int16, and clear the seam's record."""
+        assert self.seam is not None and all(r is not None for r in self.seam.recorded)
+        used = torch.stack([r for r in self.seam.recorded if r is not None], dim=1)
+        self.seam.recorded = [None] * len(self.seam.recorded)
+        return used.reshape(rows, width, len(self.seam.layers), self.seam.top_k)
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float], version: int) -> list[int]:
         """Append each row's token; set finish reasons; return the batch positions still running."""

@@ -35,13 +35,21 @@ class SamplingParams:
 class GenerateRequest:
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    prompt_routes: dict[str, Any] | None = None
+    """MoE routes of a prefix of ``prompt_ids`` (a :mod:`shipyard.models.routes` record, e.g. an earlier
+    turn's ``GenerateResult.routes``): an engine that records routes replays them in the prefill, so a
+    token keeps the experts of its first forward across turns. None: route every prompt token freely."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> GenerateRequest:
-        return GenerateRequest(prompt_ids=list(d["prompt_ids"]), params=SamplingParams(**d.get("params", {})))
+        return GenerateRequest(
+            prompt_ids=list(d["prompt_ids"]),
+            params=SamplingParams(**d.get("params", {})),
+            prompt_routes=d.get("prompt_routes"),
+        )
 
 
 @dataclass
@@ -50,6 +58,10 @@ class GenerateResult:
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason
+    routes: dict[str, Any] | None = None
+    """MoE experts used for every forwarded position of prompt + sampled tokens (all but the last
+    sampled token, which is never forwarded), a :mod:`shipyard.models.routes` record; None for a
+    dense model or an engine that does not record routes."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

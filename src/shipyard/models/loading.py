@@ -118,7 +118,7 @@ def tiny_config(kind: str, vocab_size: int) -> Any:
         return MixtralConfig(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, **common)
     if kind == "deepseek_v3":
         return DeepseekV3Config(
-            **{**common, "num_hidden_layers": 3},
+            **{**common, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: one kv head per head
             intermediate_size=128,
             moe_intermediate_size=32,
             n_routed_experts=8,

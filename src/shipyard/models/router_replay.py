@@ -8,7 +8,8 @@ its experts with the index and weights. Dense layers (Qwen3-MoE ``mlp_only_layer
 first ``first_k_dense_replace`` layers) have no router and are skipped.
 
 Per forward, :class:`RouterSeam` can
-- **record**: keep each MoE layer's chosen ids ``[N, K]`` (``seam.recorded``), e.g. in the sampler;
+- **record**: keep each MoE layer's ids ``[N, K]`` of the experts used (``seam.recorded``; the
+  planned ones where a plan is replayed), e.g. in the sampler;
 - **replay** a plan ``[B, T, L, K]`` (``-1`` = no recorded route: route freely): the hook swaps the
   router's index for the planned one and recomputes the gate weights *from the live router logits*
   at the planned experts with the architecture's own rule (:func:`gate_weights`: softmax over all
@@ -155,22 +156,23 @@ class RouterSeam:
 
     def _hook(self, slot: int) -> Any:
         def hook(router: nn.Module, _args: Any, output: tuple[Tensor, Tensor, Tensor]) -> Any:
-            logits_NE, weights_NK, index_NK = output
-            if self.record:
-                self.recorded[slot] = index_NK.detach().to("cpu", torch.int16)
-            if self._plan_NLK is None:
-                return None
-            plan_NK = self._plan_NLK[:, slot].to(index_NK.device)
-            if plan_NK.shape != index_NK.shape:
-                raise ValueError(
-                    f"route plan covers {plan_NK.shape[0]} tokens, the forward routes {index_NK.shape[0]}"
-                )
-            planned_N = plan_NK[:, 0] >= 0
-            self._count(slot, index_NK.detach()[planned_N], plan_NK[planned_N])
-            if not self._replay or not bool(planned_N.any()):
-                return None
-            new_index_NK = torch.where(planned_N[:, None], plan_NK, index_NK)
-            return logits_NE, gate_weights(router, logits_NE, new_index_NK), new_index_NK
+            logits_NE, _weights_NK, index_NK = output
+            replaced = None
+            if self._plan_NLK is not None:
+                plan_NK = self._plan_NLK[:, slot].to(index_NK.device)
+                if plan_NK.shape != index_NK.shape:
+                    raise ValueError(
+                        f"route plan covers {plan_NK.shape[0]} tokens, the forward routes {index_NK.shape[0]}"
+                    )
+                planned_N = plan_NK[:, 0] >= 0
+                self._count(slot, index_NK.detach()[planned_N], plan_NK[planned_N])
+                if self._replay and bool(planned_N.any()):
+                    new_index_NK = torch.where(planned_N[:, None], plan_NK, index_NK)
+                    replaced = (logits_NE, gate_weights(router, logits_NE, new_index_NK), new_index_NK)
+            if self.record:  # the experts actually used (the plan's where replayed)
+                used_NK = index_NK if replaced is None else replaced[2]
+                self.recorded[slot] = used_NK.detach().to("cpu", torch.int16)
+            return replaced
 
         return hook
 
