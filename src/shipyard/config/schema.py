@@ -209,6 +209,13 @@ class TasksConfig(_Section):
     """Fraction of generated tasks held out for evaluation."""
     max_difficulty: int = Field(5, ge=1, le=5)
     """Highest difficulty level (1-5) of the run's tasks, training and held-out alike."""
+    num_db: int = Field(0, ge=0)
+    """Generated database-migration tasks added to the training set (`shipyard.envs.db_tasks`; needs
+    the PostgreSQL server binaries, see `services.postgres`)."""
+    num_repo: int = Field(0, ge=0)
+    """Generated repository-level tasks added to the training set (`shipyard.envs.repo_tasks`)."""
+    files: list[str] = []
+    """Task files in the documented format (docs/tasks.md) whose tasks are added to the training set."""
 
 
 class RolloutConfig(_Section):
@@ -420,6 +427,81 @@ class EvalConfig(_Section):
     """Name of this evaluation in `humaneval.json` (written as `<label>_pass1`)."""
 
 
+class PostgresConfig(_Section):
+    bin_dir: str = ""
+    """Directory of the server binaries (initdb, pg_ctl, postgres); empty: found on PATH, else the newest
+    /usr/lib/postgresql/<version>/bin (Debian's `postgresql` package)."""
+    run_as: str = "nobody"
+    """Unprivileged user the server runs as when Shipyard runs as root (PostgreSQL refuses to run as root)."""
+    root_dir: str = ""
+    """Parent directory of the cluster's temp directory; empty: the system temp dir, or /var/tmp when
+    `run_as` cannot reach that one."""
+    start_timeout_s: float = Field(60.0, gt=0)
+    """How long to wait for the server to accept connections."""
+    check_timeout_s: float = Field(10.0, gt=0)
+    """Statement timeout of each hidden SQL check run by the grader."""
+
+
+class ServicesConfig(_Section):
+    postgres: PostgresConfig = PostgresConfig()
+    """The PostgreSQL server a pool runs for tasks declaring `services = ["postgres"]`."""
+
+
+class JudgeConfig(_Section):
+    base_url: str = ""
+    """OpenAI-compatible endpoint ending in /v1 (Shipyard's own `shipyard serve` included); needed when a
+    `judge` component has weight."""
+    model: str = ""
+    """Model name sent to the endpoint (Shipyard's server ignores it)."""
+    api_key_env: str = ""
+    """Environment variable holding the endpoint's API key (none: no Authorization header)."""
+    rubric: dict[str, str] = {
+        "correctness": "the change does what the task asks, including edge cases",
+        "quality": "the code is clear, idiomatic and free of dead or hacky code",
+    }
+    """Aspect name -> what the judge scores under it (each scored 0..`scale`)."""
+    scale: int = Field(10, ge=1)
+    """Top of the score range the judge is asked for; scores are divided by it."""
+    temperature: float = Field(0.0, ge=0)
+    """Judge sampling temperature."""
+    max_tokens: int = Field(256, ge=8)
+    """Most tokens of one judge reply."""
+    max_chars: int = Field(6000, ge=200)
+    """Most characters of the session's changes shown to the judge (head and tail kept)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """HTTP timeout of one judge call."""
+
+
+class RewardsConfig(_Section):
+    weights: dict[str, float] = {"tests": 1.0}
+    """Composite reward = sum of weight x component over these components: `tests` (hidden tests, or SQL
+    checks for db tasks: passed / total), `judge` (mean rubric score in [0, 1]) and `judge/<aspect>` (one
+    rubric aspect). Every component computed is logged with the trajectory (`reward_components`)."""
+    judge: JudgeConfig = JudgeConfig()
+    """LLM-as-judge rubric rewards."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardsConfig:
+        for name in self.weights:
+            aspect = name.removeprefix("judge/")
+            if name not in ("tests", "judge") and (aspect == name or aspect not in self.judge.rubric):
+                raise ValueError(
+                    f"rewards.weights has unknown component {name!r}; use 'tests', 'judge' or 'judge/<aspect>' "
+                    f"with an aspect of rewards.judge.rubric ({sorted(self.judge.rubric)})"
+                )
+        if any(k.startswith("judge") and w for k, w in self.weights.items()) and not self.judge.base_url:
+            raise ValueError("rewards.judge.base_url must be set when a judge component has weight")
+        return self
+
+
+class AntiCheatConfig(_Section):
+    detect: bool = True
+    """Run the reward-hacking detectors on every session (flags recorded per trajectory)."""
+    canary_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    """Probability that a training group plays a canary task (passable only by cheating) instead of a
+    sampled one; the trainer logs their pass rate as `hack/canary_pass_rate`."""
+
+
 class RunConfig(_Section):
     name: str = "demo"
     """Run name; outputs go to `output_dir/name`."""
@@ -465,6 +547,12 @@ class ShipyardConfig(_Section):
     """Regional weight relay (`shipyard relay`)."""
     eval: EvalConfig = EvalConfig()
     """Evaluation."""
+    services: ServicesConfig = ServicesConfig()
+    """Services tasks can declare (PostgreSQL)."""
+    rewards: RewardsConfig = RewardsConfig()
+    """Reward components and their weights."""
+    anticheat: AntiCheatConfig = AntiCheatConfig()
+    """Reward-hacking detectors and canary tasks."""
 
     @model_validator(mode="after")
     def _check(self) -> ShipyardConfig:

@@ -37,6 +37,18 @@ class Task:
     difficulty: int = 1
     source: str = "generated"
     reference: str = ""
+    kind: str = "function"
+    """``function``: ``solution.py`` against ``hidden_tests``; ``repo``: a repository squashed to one
+    commit, graded from the session's diff (:mod:`shipyard.envs.repo_tasks`); ``db``: a migration
+    graded by ``hidden_checks`` against a real database (:mod:`shipyard.envs.db_tasks`)."""
+    services: list[str] = field(default_factory=list)
+    """Services the task needs (e.g. ``["postgres"]``), one lease per rollout (:mod:`shipyard.envs.services`)."""
+    setup: dict[str, str] = field(default_factory=dict)
+    """Per service, what its template is built from (``postgres``: SQL run once into the task's template)."""
+    hidden_checks: dict[str, str] = field(default_factory=dict)
+    """``db`` tasks: check name -> SQL returning one boolean, run by the grader outside the sandbox."""
+    protected: list[str] = field(default_factory=list)
+    """Glob patterns of files restored from ``files`` before grading (tests, conftest, configuration)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,1 @@
+"""Services tasks can declare (PostgreSQL); see :mod:`shipyard.envs.services.base`."""
