@@ -91,8 +91,9 @@ def test_replay_uses_the_plan_and_router_keeps_its_gradient(kind: str) -> None:
     recorded = plan >= 0
     assert torch.equal(used[recorded], plan[recorded])  # zero disagreement on replayed tokens
     dis = seam.disagreement()
-    assert 0.0 < dis["route_disagree"] <= 1.0  # a random plan differs from the model's own choice
-    assert set(dis) >= {f"route_disagree/layer_{i}" for i in seam.layers}
+    assert dis["route_disagree"] == 0.0 and dis["route_token_disagree"] == 0.0  # the plan was used
+    assert 0.0 < dis["route_own_disagree"] <= 1.0  # a random plan differs from the model's own choice
+    assert {f"route_disagree/layer_{i}" for i in seam.layers} <= set(dis)
     logits.logsumexp(-1).mean().backward()
     for _, router in moe_routers(model):
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
@@ -117,7 +118,9 @@ def test_compare_mode_counts_without_replaying() -> None:
         with seam.plan(plan, replay=False):
             compared = model(input_ids=ids).logits
     assert torch.equal(plain, compared)
-    assert seam.disagreement()["route_disagree"] > 0
+    dis = seam.disagreement()
+    assert dis["route_disagree"] == dis["route_own_disagree"] > 0
+    assert 0 < dis["route_disagree"] <= dis["route_token_disagree"] <= 1
     seam.reset_disagreement()
     assert seam.disagreement() == {}
 

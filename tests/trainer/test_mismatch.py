@@ -127,3 +127,23 @@ def test_loop_logs_mismatch_keys_under_mismatch() -> None:
         "train/loss": 3.0,
         "train/clip_frac": 0.0,
     }
+
+
+def test_bucketed_rho_ess_extremes_and_fractions_hand_computed() -> None:
+    out = _measure("token_mask", 0.95, 1.5, [slice(0, 1), slice(1, 2)])  # masks t1 (ρ=2) and t3 (18/19)
+    mid = "bucket_0.1-0.5"  # t2 (ρ=1) and t5 (ρ=1.25)
+    assert out[f"rho/{mid}"] == pytest.approx(1.125)
+    assert out[f"ess/{mid}"] == pytest.approx(2.25**2 / (2 * (1 + 1.5625)))
+    assert out[f"max_abs_dp/{mid}"] == pytest.approx(0.05)
+    assert out[f"k3_p99/{mid}"] == pytest.approx(0.99 * (0.25 - math.log(1.25)))
+    assert out["mask_frac/bucket_0.0-0.1"] == 1.0 and out["mask_frac/bucket_0.9-1.0"] == 1.0
+    assert out[f"mask_frac/{mid}"] == 0.0 and out[f"tis_trunc_frac/{mid}"] == 0.0
+    assert out["ess/bucket_0.0-0.1"] == pytest.approx(1.0)  # one token: ESS 1
+
+
+def test_routing_keys_are_mismatch_keys() -> None:
+    from shipyard.trainer.mismatch import is_mismatch_key
+
+    assert is_mismatch_key("route_disagree") and is_mismatch_key("route_disagree/layer_17")
+    assert is_mismatch_key("route_own_disagree") and is_mismatch_key("ess/bucket_0.9-1.0")
+    assert not is_mismatch_key("loss") and not is_mismatch_key("route_disagreement")

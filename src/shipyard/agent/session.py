@@ -6,7 +6,9 @@ window (``agent.max_session_tokens``) is hit. The context is kept as token ids o
 is rendered once by the chat template, sampled ids are appended exactly as returned by the
 server (with their logprobs and versions), and each tool result is rendered into the chat
 template's turn delimiters and tokenized once, masked out of the loss. Model output is never
-re-tokenized. The final files are graded in a fresh sandbox by ``grader``. Any exception is
+re-tokenized. MoE routes travel the same way: each turn's request carries the context's
+routes so far (replayed by the engine), and the segment keeps its latest result's routes
+(``Trajectory.routes``). The final files are graded in a fresh sandbox by ``grader``. Any exception is
 recorded in ``Trajectory.error`` (on every segment), with a zero loss mask and zero reward, and
 does not propagate: a crashed rollout never stops a run.
 
@@ -82,6 +84,8 @@ class _Record:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: dict[str, Any] | None = None
+    """MoE routes of the context's forwarded prefix (the latest turn's result covers all earlier ones)."""
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -209,8 +213,10 @@ class _Session:
             stop=list(stop),
             seed=session_seed(self.gid, self.idx, self.sampled_turns, self.spec.seed),
         )
-        [res] = self.spec.client.generate([GenerateRequest(prompt_ids=list(self.rec.ids), params=params)])
+        request = GenerateRequest(prompt_ids=list(self.rec.ids), params=params, prompt_routes=self.rec.routes)
+        [res] = self.spec.client.generate([request])
         self.rec.add_sampled(res.token_ids, res.logprobs, res.versions)
+        self.rec.routes = res.routes
         self.sampled_turns += 1
         return res
 
@@ -276,6 +282,7 @@ class _Session:
                 rec.versions,
             )
             traj.num_segments = len(self.segments)
+            traj.routes = rec.routes
             traj.reward, traj.reward_info, traj.error = self.reward, dict(self.reward_info), self.error
             traj.metrics = dict(metrics)
             out.append(traj)

@@ -53,6 +53,10 @@ class Trajectory:
     """Segments of the session."""
     summary_tokens: int = 0
     """Sampled tokens of the summary turn that ends this segment (0 when it does not end in one)."""
+    routes: dict[str, Any] | None = None
+    """MoE experts the sampler used for positions ``[0, routes["n"])`` of ``token_ids`` (a
+    :mod:`shipyard.models.routes` record: base64 of uint8/uint16 ids per MoE layer), for router
+    replay in the trainer; None for a dense policy or an engine that does not record routes."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -61,6 +61,11 @@ class InferenceConfig(_Section):
     """Port for `shipyard serve`; 0 picks a free one."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads for the engine."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Precision of the engine's copy of the policy (bf16: faster where supported, more mismatch)."""
+    deterministic: bool = False
+    """Batch-invariant sampling: each request runs as its own batch, so its logits do not depend on
+    what else is sampled with it (costs the batching speedup; see docs/mismatch.md)."""
     poll_s: float = Field(0.5, gt=0)
     """How often the weight subscriber polls the store for a new version."""
 
@@ -359,6 +364,10 @@ class TrainerConfig(_Section):
     head and logprobs). Faster on CPUs with bf16 units; adds sampler/trainer mismatch (logged)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward micro-batch."""
+    router_replay: bool = False
+    """MoE policies: the trainer's forward uses the experts the sampler chose for every token with a
+    recorded route (`Trajectory.routes`), gate weights from its own router; routing disagreement is
+    logged either way."""
     loss: LossConfig = LossConfig()
     """Policy loss, advantage baseline, sampler/trainer mismatch correction and KL to the reference."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -65,7 +65,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
-from shipyard.models.router_replay import RouterSeam, moe_routers
+from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import decode_routes, encode_routes
 
 
@@ -450,13 +450,8 @@ class EmbeddedEngine:
         """``[B, width, L, K]`` routes to replay in a left-padded prefill (-1: route freely); None if none."""
         if self.seam is None or all(req.prompt_routes is None for req in requests):
             return None
-        plan_BTLK = torch.full((len(requests), width, len(self.seam.layers), self.seam.top_k), -1)
-        for b, req in enumerate(requests):
-            if req.prompt_routes is not None:
-                given_NLK = torch.from_numpy(decode_routes(req.prompt_routes).astype("int64"))
-                start = width - len(req.prompt_ids)
-                plan_BTLK[b, start : start + given_NLK.shape[0]] = given_NLK
-        return plan_BTLK
+        starts = [width - len(req.prompt_ids) for req in requests]
+        return route_plan([req.prompt_routes for req in requests], width, self.seam, starts)
 
     def _take_routes(self, rows: int, width: int) -> torch.Tensor:
         """The experts the last forward used, ``[B, T, L, K]`` int16, and clear the seam's record."""

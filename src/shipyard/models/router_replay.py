@@ -18,7 +18,8 @@ Per forward, :class:`RouterSeam` can
   its gradient while the selection is exactly the recorded one;
 - **compare** a plan without replaying it, to measure how often the forward's own choice differs.
 In replay and compare modes it counts, per MoE layer, the routing decisions (token x k slots) of
-planned positions whose expert is not in the forward's own top-k (``seam.disagreement()``).
+planned positions whose expert used is not in the plan, and those the router's own top-k would
+have chosen differently (``seam.disagreement()``).
 
 Contract: with a plan equal to the forward's own choices, replay is bit-identical to the unhooked
 forward (the recomputed weights equal the router's: same ops, same order). DeepSeek-V3's
@@ -39,6 +40,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from shipyard.models.routes import decode_routes
 
 ROUTER_CLASSES = ("Qwen3MoeTopKRouter", "MixtralTopKRouter", "DeepseekV3TopkRouter")
 
@@ -85,9 +88,12 @@ def route_mismatch(own_NK: Tensor, plan_NK: Tensor) -> Tensor:
 
 @dataclass
 class LayerDisagreement:
-    """Routing disagreement of one MoE layer: planned decisions, and those the forward chose differently."""
+    """Routing disagreement of one MoE layer over planned decisions: experts the forward used that
+    differ from the plan (``differing``), and experts its own router would have chosen differently
+    (``own_differing``; equal to ``differing`` unless the plan is replayed)."""
 
     differing: int = 0
+    own_differing: int = 0
     decisions: int = 0
 
 
@@ -141,13 +147,18 @@ class RouterSeam:
         self._token_flags = []
 
     def disagreement(self) -> dict[str, float]:
-        """Fractions since the last reset: ``route_disagree`` over all MoE decisions,
-        ``route_disagree/layer_<i>`` per decoder layer ``i``, and ``route_token_disagree`` (planned
-        tokens differing in at least one MoE layer). Empty when nothing was planned."""
+        """Fractions since the last reset, over planned decisions (token x top-k slot): experts used
+        that are not in the plan, ``route_disagree`` (all MoE layers) and ``route_disagree/layer_<i>``
+        (decoder layer ``i``); ``route_token_disagree`` (planned tokens using a non-planned expert in
+        at least one layer); ``route_own_disagree`` (the forward's own router choice vs the plan: what
+        replay overrides). Under replay the first three are 0. Empty when nothing was planned."""
         total = sum(s.decisions for s in self._stats)
         if total == 0:
             return {}
-        out = {"route_disagree": sum(s.differing for s in self._stats) / total}
+        out = {
+            "route_disagree": sum(s.differing for s in self._stats) / total,
+            "route_own_disagree": sum(s.own_differing for s in self._stats) / total,
+        }
         for layer, s in zip(self.layers, self._stats, strict=True):
             out[f"route_disagree/layer_{layer}"] = s.differing / max(s.decisions, 1)
         if self._token_flags:
@@ -165,10 +176,12 @@ class RouterSeam:
                         f"route plan covers {plan_NK.shape[0]} tokens, the forward routes {index_NK.shape[0]}"
                     )
                 planned_N = plan_NK[:, 0] >= 0
-                self._count(slot, index_NK.detach()[planned_N], plan_NK[planned_N])
                 if self._replay and bool(planned_N.any()):
                     new_index_NK = torch.where(planned_N[:, None], plan_NK, index_NK)
                     replaced = (logits_NE, gate_weights(router, logits_NE, new_index_NK), new_index_NK)
+                used_NK = index_NK if replaced is None else replaced[2]
+                own_NK = index_NK.detach()
+                self._count(slot, own_NK[planned_N], used_NK.detach()[planned_N], plan_NK[planned_N])
             if self.record:  # the experts actually used (the plan's where replayed)
                 used_NK = index_NK if replaced is None else replaced[2]
                 self.recorded[slot] = used_NK.detach().to("cpu", torch.int16)
@@ -176,13 +189,46 @@ class RouterSeam:
 
         return hook
 
-    def _count(self, slot: int, own_PK: Tensor, plan_PK: Tensor) -> None:
-        diff_P = route_mismatch(own_PK, plan_PK)
+    def _count(self, slot: int, own_PK: Tensor, used_PK: Tensor, plan_PK: Tensor) -> None:
+        diff_P = route_mismatch(used_PK, plan_PK)
         stats = self._stats[slot]
         stats.differing += int(diff_P.sum())
+        stats.own_differing += int(route_mismatch(own_PK, plan_PK).sum())
         stats.decisions += int(plan_PK.numel())
         flags_P = (diff_P > 0).cpu()
         if slot == 0:  # the first MoE layer opens a new forward's per-token flags
             self._token_flags.append(flags_P)
         elif self._token_flags and self._token_flags[-1].shape == flags_P.shape:
             self._token_flags[-1] |= flags_P
+
+
+def route_plan(
+    records: list[dict[str, Any] | None], length: int, seam: RouterSeam, starts: list[int] | None = None
+) -> Tensor:
+    """``[B, length, L, K]`` int64 plan from per-sequence route records (-1 where none was recorded).
+
+    Row ``b`` holds record ``b``'s ids at positions ``[s_b, s_b + n_b)`` with ``s_b = starts[b]``
+    (default 0: right-padded batches, the trainer's layout; the engine's left-padded prefill passes
+    each row's padding width); a None record leaves its row free. Raises ValueError when a record's MoE layers, ``k``
+    or expert count do not match the model's, or it covers more than ``length`` positions.
+    """
+    plan_BTLK = torch.full((len(records), length, len(seam.layers), seam.top_k), -1, dtype=torch.long)
+    for b, record in enumerate(records):
+        if record is None:
+            continue
+        ids_NLK = decode_routes(record)
+        if (
+            list(record["layers"]) != seam.layers
+            or record["k"] != seam.top_k
+            or record["experts"] != seam.num_experts
+        ):
+            raise ValueError(
+                f"routes of sequence {b} are for MoE layers {record['layers']}, k={record['k']}, "
+                f"{record['experts']} experts; the model has {seam.layers}, k={seam.top_k}, {seam.num_experts}"
+            )
+        if ids_NLK.shape[0] > length:
+            raise ValueError(
+                f"routes of sequence {b} cover {ids_NLK.shape[0]} positions, the batch has {length}"
+            )
+        plan_BTLK[b, : ids_NLK.shape[0]] = torch.from_numpy(ids_NLK.astype("int64"))
+    return plan_BTLK

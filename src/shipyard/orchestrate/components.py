@@ -76,7 +76,14 @@ class InferenceNode:
 
         torch.set_num_threads(cfg.inference.threads)
         model, self.tokenizer = load_model(cfg.model)
-        self.engine = EmbeddedEngine(model, self.tokenizer, max_batch=cfg.inference.max_batch, version=0)
+        model = model.to(getattr(torch, cfg.inference.dtype))
+        self.engine = EmbeddedEngine(
+            model,
+            self.tokenizer,
+            max_batch=cfg.inference.max_batch,
+            version=0,
+            deterministic=cfg.inference.deterministic,
+        )
         self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
         self.server.start()
         self.subscriber = WeightSubscriber(

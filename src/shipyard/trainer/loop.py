@@ -45,7 +45,11 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     model.train()
     freeze_lower_layers(model, cfg.trainer.train_layers)
     optimizer = make_optimizer(model, cfg.trainer)
-    step_kw = {"temperature": cfg.sampling.temperature, "ref_model": _reference_model(cfg)}
+    step_kw = {
+        "temperature": cfg.sampling.temperature,
+        "ref_model": _reference_model(cfg),
+        "seam": _router_seam(model, cfg),
+    }
     ckpt_root = run_dir / "checkpoints"
     state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
     publisher = WeightPublisher(
@@ -109,12 +113,23 @@ def _reference_model(cfg: ShipyardConfig) -> Any | None:
     return load_model(cfg.model)[0].eval().requires_grad_(False)
 
 
-def _named(stats: dict[str, float]) -> dict[str, float]:
-    """Mismatch metrics (``MISMATCH_KEYS``: k1, k3, k3_p99, ess, k3/bucket_0.9-1.0, ...) under
-    ``mismatch/``, everything else under ``train/``."""
-    from shipyard.trainer.mismatch import MISMATCH_KEYS
+def _router_seam(model: Any, cfg: ShipyardConfig) -> Any | None:
+    """A router seam on an MoE policy (routing disagreement always logged; replay per config)."""
+    from shipyard.models.router_replay import RouterSeam, moe_routers
 
-    return {(f"mismatch/{k}" if k in MISMATCH_KEYS else f"train/{k}"): v for k, v in stats.items()}
+    if not moe_routers(model):
+        if cfg.trainer.router_replay:
+            raise ValueError("trainer.router_replay = true needs an MoE policy (model has no router)")
+        return None
+    return RouterSeam(model)
+
+
+def _named(stats: dict[str, float]) -> dict[str, float]:
+    """Mismatch metrics (k1, k3, k3_p99, ess, k3/bucket_0.9-1.0, route_disagree/layer_0, ...:
+    ``is_mismatch_key``) under ``mismatch/``, everything else under ``train/``."""
+    from shipyard.trainer.mismatch import is_mismatch_key
+
+    return {(f"mismatch/{k}" if is_mismatch_key(k) else f"train/{k}"): v for k, v in stats.items()}
 
 
 def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:

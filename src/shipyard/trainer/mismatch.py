@@ -11,8 +11,16 @@ Per loss token, with μ the sampler's logprob, π_old the trainer's recompute an
   ``w`` actually applied (0 when every token was masked);
 - ``mask_frac`` / ``tis_trunc_frac``: fractions of loss tokens the correction masked / truncated;
 - by the sampler's token probability ``p = exp(μ)`` in :data:`BUCKETS` (``[lo, hi)``, the last one
-  closed): ``token_frac/bucket_lo-hi`` (share of loss tokens), and ``k1/…``, ``k3/…`` and
-  ``abs_dp/…`` (means over the bucket; left out when the bucket is empty).
+  closed): ``token_frac/bucket_lo-hi`` (share of loss tokens), and over the bucket's tokens
+  ``k1/…``, ``k3/…``, ``abs_dp/…``, ``rho/…`` (means), ``k3_p99/…``, ``max_abs_dp/…``, ``ess/…``,
+  ``mask_frac/…`` and ``tis_trunc_frac/…`` (left out when the bucket is empty);
+- MoE routing (not from this accumulator: :meth:`shipyard.models.router_replay.RouterSeam.disagreement`
+  in :func:`shipyard.trainer.step.train_step`): ``route_disagree`` (fraction of the sampler's
+  routing decisions, token x top-k slot, that the trainer's own router would make differently),
+  ``route_disagree/layer_<i>`` per MoE decoder layer, ``route_token_disagree`` (tokens differing in
+  at least one layer): all 0 under replay on the tokens with a recorded route; and
+  ``route_own_disagree``, how often the trainer's own router differs from the sampler's choice
+  (equal to ``route_disagree`` without replay; what replay overrides with it).
 Contract: :class:`MismatchAccumulator` collects the per-token values of every micro-batch (detached,
 on their device) and computes everything once in :meth:`MismatchAccumulator.result`, so the step's
 numbers do not depend on how it was split. Every key it can return is in :data:`MISMATCH_KEYS`.
@@ -44,7 +52,20 @@ SCALAR_KEYS = (
     "mask_frac",
     "tis_trunc_frac",
 )
-BUCKET_STATS = ("token_frac", "k1", "k3", "abs_dp")
+BUCKET_STATS = (
+    "token_frac",
+    "k1",
+    "k3",
+    "abs_dp",
+    "rho",
+    "k3_p99",
+    "max_abs_dp",
+    "ess",
+    "mask_frac",
+    "tis_trunc_frac",
+)
+ROUTING_KEYS = ("route_disagree", "route_token_disagree", "route_own_disagree")
+ROUTING_LAYER_PREFIX = "route_disagree/layer_"
 
 
 def bucket_name(low: float, high: float) -> str:
@@ -53,6 +74,11 @@ def bucket_name(low: float, high: float) -> str:
 
 
 MISMATCH_KEYS = frozenset(SCALAR_KEYS) | {f"{s}/{bucket_name(*b)}" for s in BUCKET_STATS for b in BUCKETS}
+
+
+def is_mismatch_key(key: str) -> bool:
+    """Whether ``key`` is a mismatch metric: :data:`MISMATCH_KEYS`, the routing keys, or a per-layer one."""
+    return key in MISMATCH_KEYS or key in ROUTING_KEYS or key.startswith(ROUTING_LAYER_PREFIX)
 
 
 class MismatchAccumulator:
@@ -108,7 +134,9 @@ class MismatchAccumulator:
             "mask_frac": torch.cat(self._parts["masked"]).double().mean(),
             "tis_trunc_frac": torch.cat(self._parts["trunc"]).double().mean(),
         }
-        out.update(_bucket_stats(p_mu_N, {"k1": k1_N, "k3": k3_N, "abs_dp": dp_N}))
+        masked_N, trunc_N = (torch.cat(self._parts[k]).double() for k in ("masked", "trunc"))
+        per_token = {"k1": k1_N, "k3": k3_N, "abs_dp": dp_N, "rho": rho_N, "mask_frac": masked_N}
+        out.update(_bucket_stats(p_mu_N, {**per_token, "tis_trunc_frac": trunc_N}, k3_N, dp_N, rho_N))
         return {k: float(v) for k, v in out.items()}
 
 
@@ -120,8 +148,11 @@ def effective_sample_size(w_N: Tensor) -> Tensor:
     return w_N.sum() ** 2 / (w_N.numel() * sq)
 
 
-def _bucket_stats(p_mu_N: Tensor, values: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Token share per probability bucket, and the mean of each value over the non-empty buckets."""
+def _bucket_stats(
+    p_mu_N: Tensor, means: dict[str, Tensor], k3_N: Tensor, dp_N: Tensor, rho_N: Tensor
+) -> dict[str, Tensor]:
+    """Token share per probability bucket; over each non-empty bucket the mean of every value in
+    ``means``, the p99 of k3, the max |Δp| and the ESS of ρ."""
     edges = torch.tensor([low for low, _ in BUCKETS[1:]], dtype=p_mu_N.dtype, device=p_mu_N.device)
     index_N = torch.bucketize(p_mu_N, edges, right=True)  # [lo, hi): p == lo goes up; p = 1 in the last
     out: dict[str, Tensor] = {}
@@ -130,6 +161,9 @@ def _bucket_stats(p_mu_N: Tensor, values: dict[str, Tensor]) -> dict[str, Tensor
         name = bucket_name(low, high)
         out[f"token_frac/{name}"] = in_N.double().mean()
         if bool(in_N.any()):
-            for key, v_N in values.items():
+            for key, v_N in means.items():
                 out[f"{key}/{name}"] = v_N[in_N].mean()
+            out[f"k3_p99/{name}"] = torch.quantile(k3_N[in_N], 0.99)
+            out[f"max_abs_dp/{name}"] = dp_N[in_N].max()
+            out[f"ess/{name}"] = effective_sample_size(rho_N[in_N])
     return out

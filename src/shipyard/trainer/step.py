@@ -19,6 +19,12 @@ Contract of :func:`train_step`:
 - Sequences with zero advantage give no gradient (unless the KL penalty is on) but are scored for
   the mismatch metrics; a micro-batch without gradient runs without autograd.
 - Gradients are clipped to ``cfg.grad_clip``; ``grad_norm`` is the norm before clipping.
+- MoE router replay: given ``seam`` (a :class:`~shipyard.models.router_replay.RouterSeam` on
+  ``model``) and trajectories with ``routes``, every forward compares the trainer's own expert
+  choice with the sampler's (``route_disagree``, per layer, ``route_token_disagree``) and, with
+  ``cfg.router_replay``, uses the sampler's experts at the recorded positions while the gate
+  weights come from the trainer's router logits (so π_old, π_θ and the gradient see the sampler's
+  routing and the router still learns). Positions without a route are routed freely.
 - Returns floats: loss, clip_frac, kl_ref (mean k3 to the reference; 0 without KL), num_tokens,
   the mismatch metrics of :mod:`shipyard.trainer.mismatch` (k1, k3, their p99s, mean_rho, ess,
   mask_frac, tis_trunc_frac, per-probability-bucket values, ...), grad_norm, num_seqs,
@@ -39,6 +45,7 @@ from torch import Tensor
 
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import TrainerConfig
+from shipyard.models.router_replay import RouterSeam, route_plan
 from shipyard.trainer.corrections import correction_weights
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.loss import StepNorm, policy_loss
@@ -110,13 +117,19 @@ def _micro_batch_loss(
     norm: StepNorm,
     temperature: float,
     mismatch: MismatchAccumulator,
+    seam: RouterSeam | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     device = adv_B.device
     ids_BT, attn_BT = pad_batch([t.token_ids for t in chunk], pad_id, device)
     mask_BT = pad_ints([t.loss_mask for t in chunk], 0, device) == 1
     infer_BT = pad_floats([t.logprobs for t in chunk], 0.0, device)
     score = dict(score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder)
-    logprobs_BT = token_logprobs(model, ids_BT, attn_BT, **score)
+    routes = [t.routes for t in chunk]
+    if seam is not None and any(r is not None for r in routes):
+        with seam.plan(route_plan(routes, ids_BT.shape[1], seam), replay=cfg.router_replay):
+            logprobs_BT = token_logprobs(model, ids_BT, attn_BT, **score)
+    else:
+        logprobs_BT = token_logprobs(model, ids_BT, attn_BT, **score)
     old_BT = logprobs_BT.detach()  # π_old == π_θ in value: one optimizer step per batch
     ref_BT = None
     if cfg.loss.kl_coef > 0:
@@ -151,6 +164,7 @@ def train_step(
     *,
     temperature: float = 1.0,
     ref_model: Any | None = None,
+    seam: RouterSeam | None = None,
 ) -> dict[str, float]:
     """One optimizer step over ``trajectories`` (see module doc); returns float metrics."""
     norm = _check_batch(trajectories, advantages, cfg)
@@ -163,13 +177,15 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}
     mismatch = MismatchAccumulator()
+    if seam is not None:
+        seam.reset_disagreement()
     for start in range(0, len(trajectories), cfg.micro_batch):
         chunk = trajectories[start : start + cfg.micro_batch]
         adv_B = torch.tensor(advantages[start : start + cfg.micro_batch], dtype=torch.float32, device=device)
         needs_grad = bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
         with torch.set_grad_enabled(needs_grad):
             loss, metrics = _micro_batch_loss(
-                model, ref_model, chunk, adv_B, cfg, pad_id, norm, temperature, mismatch
+                model, ref_model, chunk, adv_B, cfg, pad_id, norm, temperature, mismatch, seam
             )
         if needs_grad and loss.requires_grad:
             loss.backward()
@@ -188,6 +204,7 @@ def train_step(
         "kl_ref": totals["kl_sum"] / norm.tokens,
         "num_tokens": float(norm.tokens),
         **mismatch.result(),
+        **(seam.disagreement() if seam is not None else {}),
     }
     out.update(
         grad_norm=grad_norm_f,
