@@ -1,4 +1,4 @@
-"""The `shipyard` command: `train`, `eval`, `serve`, each taking a TOML config and dotted overrides.
+"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, each taking a TOML config and dotted overrides.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -6,6 +6,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard train configs/demo.toml trainer.lr=2e-5 run.name=try2
     shipyard eval configs/demo.toml eval.version=20 eval.label=demo
     shipyard serve configs/demo.toml inference.port=8000
+    shipyard relay configs/demo.toml relay.mirror.root=/data/region-eu
     shipyard train configs/demo.toml --dry-run
 """
 
@@ -24,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         ("train", "run asynchronous RL (trainer, inference servers, rollout workers)"),
         ("eval", "pass@1 of a weight version on HumanEval and held-out tasks"),
         ("serve", "serve the policy over HTTP, following new weight versions"),
+        ("relay", "mirror weight versions from the origin store into a region's store"),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("config", help="TOML config file (see configs/)")
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from shipyard.eval.command import run_eval
 
         run_eval(cfg)
+    elif args.command == "relay":
+        from shipyard.weights.relay import run_relay
+
+        run_relay(cfg)
     else:
         from shipyard.inference.serve import serve
 

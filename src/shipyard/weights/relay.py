@@ -1,0 +1,230 @@
+"""Regional relay: pull each version once from the origin store, serve the region from a mirror.
+
+Contract: :meth:`WeightRelay.sync_once` brings the mirror store (the region's object store or
+directory, which the region's inference servers subscribe to) up to the origin's LATEST. It walks
+the cheapest verified path from the version it holds (:func:`~shipyard.weights.versions.plan_path`)
+and, per version on the path: fetches that encoding's shards from the origin once (resumable,
+checked against their SHA-256) and copies them into the mirror; decodes them into its own copy of
+the state and verifies every tensor; when the version also carries a snapshot it *rebuilds* the
+snapshot shards from the decoded state (the codec is deterministic) and accepts them only if
+their SHA-256 equals the origin manifest's, fetching them from the origin only on a mismatch;
+then writes the origin's manifest and moves the mirror's LATEST. So after the first version only
+deltas cross the long-haul link, and every byte in the mirror is verified.
+
+The relay renews a subscriber record in the origin (so the origin keeps the deltas it needs) and
+collects garbage in the mirror (the region's servers hold records there). :meth:`repair` scrubs
+the mirror: a shard that is missing or fails its digest is rebuilt or fetched again.
+
+Memory: two copies of the state (the verified one and the one being decoded), so a failed step
+leaves the relay's state intact. ``stats`` counts bytes fetched from the origin, snapshots
+rebuilt locally and snapshots that had to be fetched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shipyard.store.transfer import DEFAULT_CHUNK
+from shipyard.store.types import Store
+from shipyard.weights.leases import collect_garbage, write_record
+from shipyard.weights.types import LATEST_KEY, Manifest, ShardEntry, manifest_key, shard_key
+from shipyard.weights.versions import VersionReader, latest_version, load_version, plan_path, read_manifests
+
+
+@dataclass
+class RelayStats:
+    versions: int = 0
+    origin_bytes: int = 0
+    snapshots_rebuilt: int = 0
+    snapshots_fetched: int = 0
+    repaired: int = 0
+
+
+class WeightRelay:
+    def __init__(
+        self,
+        origin: Store,
+        mirror: Store,
+        name: str = "relay",
+        cache_dir: str | Path | None = None,
+        connections: int = 8,
+        chunk_bytes: int = DEFAULT_CHUNK,
+        workers: int = 2,
+        keep: int = 2,
+        lease_ttl_s: float = 120.0,
+    ) -> None:
+        self.origin, self.mirror, self.name = origin, mirror, name
+        self.reader = VersionReader(
+            origin, Path(cache_dir) if cache_dir else None, connections, chunk_bytes, workers
+        )
+        self.reader.on_shard = self._copy_shard
+        self.keep, self.lease_ttl_s = keep, lease_ttl_s
+        self.stats = RelayStats()
+        self.errors: list[str] = []
+        self.version: int | None = None
+        self.state: dict[str, Any] | None = None
+        self._work: dict[str, Any] | None = None
+        self._digests: dict[str, str] = {}
+        self._loaded = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _copy_shard(self, version: int, shard: ShardEntry, data: bytes) -> None:
+        self.mirror.put(shard_key(version, shard.name), data)
+
+    def _load_mirror(self) -> None:
+        """Start from the mirror's own LATEST (verified locally; costs no origin bytes)."""
+        self._loaded = True
+        v = latest_version(self.mirror)
+        if v is None:
+            return
+        try:
+            self.state, self.version = load_version(self.mirror, v, self.reader.workers), v
+        except (FileNotFoundError, ValueError, LookupError) as e:
+            self.errors.append(f"mirror version {v} unreadable, starting over: {e}")
+
+    def sync_once(self) -> list[int]:
+        """Mirror every version on the path to the origin's LATEST; returns the versions written."""
+        if not self._loaded:
+            self._load_mirror()
+        target = latest_version(self.origin)
+        write_record(self.origin, self.name, -1 if self.version is None else self.version, self.lease_ttl_s)
+        if target is None or target == self.version:
+            return []
+        bad: set[tuple[int, str]] = set()
+        written: list[int] = []
+        while self.version != target:
+            manifests = read_manifests(self.origin, upto=target)
+            have = self.version if self.state is not None else None
+            path = plan_path(manifests, have, target, bad)  # LookupError: nothing left to try
+            for step in path:
+                try:
+                    self._step(manifests[step.version], step.encoding)
+                except (FileNotFoundError, ValueError) as e:
+                    self.errors.append(f"version {step.version} {step.encoding}: {e}")
+                    bad.add((step.version, step.encoding))
+                    break
+                written.append(step.version)
+        write_record(self.origin, self.name, target, self.lease_ttl_s)
+        collect_garbage(self.mirror, keep=self.keep)
+        return written
+
+    def _step(self, m: Manifest, encoding: str) -> None:
+        before = self.reader.stats.bytes_fetched
+        trusted = {} if self.version is None else self._digests
+        if self._work is None and self.state is not None:
+            self._work = {k: t.clone() for k, t in self.state.items()}
+        new = self.reader.apply(m, encoding, self.state, self._work, trusted)
+        for other in m.encodings:
+            if other == "snapshot" and encoding != "snapshot":
+                self._rebuild_snapshot(m, new)
+            elif other != encoding:
+                for shard in m.encodings[other].shards:  # a delta next to a fetched snapshot: small
+                    self.reader.shard(m.version, shard)
+        self.mirror.put(manifest_key(m.version), m.to_bytes())
+        self.mirror.put(LATEST_KEY, str(m.version).encode())
+        self._work, self.state = self.state, new
+        self.version, self._digests = m.version, {k: t.digest for k, t in m.tensors.items()}
+        self.stats.versions += 1
+        self.stats.origin_bytes += self.reader.stats.bytes_fetched - before
+
+    def _rebuild_snapshot(self, m: Manifest, state: dict[str, Any]) -> None:
+        """Encode the snapshot shards locally; fetch from the origin only those that differ."""
+        from shipyard.weights.codec import encode_snapshot
+
+        enc = m.encodings["snapshot"]
+        members: dict[int, list[tuple[int, str]]] = {}
+        for name, (idx, offset, _length) in enc.ranges.items():
+            members.setdefault(idx, []).append((offset, name))
+        for idx, shard in enumerate(enc.shards):
+            data = b"".join(encode_snapshot(state[name]) for _, name in sorted(members.get(idx, [])))
+            if hashlib.sha256(data).hexdigest() == shard.sha256:
+                self.mirror.put(shard_key(m.version, shard.name), data)
+                self.stats.snapshots_rebuilt += 1
+            else:
+                self.errors.append(f"version {m.version}: rebuilt {shard.name} differs; fetching it")
+                self.reader.shard(m.version, shard)
+                self.stats.snapshots_fetched += 1
+
+    def repair(self) -> list[str]:
+        """Check every mirrored shard's digest; fetch again from the origin (or rebuild) the bad ones."""
+        repaired = []
+        for v, m in read_manifests(self.mirror).items():
+            for encoding, enc in m.encodings.items():
+                for shard in enc.shards:
+                    key = shard_key(v, shard.name)
+                    try:
+                        ok = hashlib.sha256(self.mirror.get(key)).hexdigest() == shard.sha256
+                    except FileNotFoundError:
+                        ok = False
+                    if ok:
+                        continue
+                    try:
+                        if encoding == "snapshot" and v == self.version and self.state is not None:
+                            self._rebuild_snapshot(m, self.state)
+                        else:
+                            self.reader.shard(v, shard)
+                    except (FileNotFoundError, ValueError) as e:  # gone from the origin too
+                        self.errors.append(f"repair {key}: {e}")
+                        continue
+                    repaired.append(key)
+        self.stats.repaired += len(repaired)
+        return repaired
+
+    def start(self, poll_s: float = 0.5) -> WeightRelay:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.sync_once()
+                except (OSError, ValueError, LookupError) as e:
+                    self.errors.append(f"sync: {e}")
+                self._stop.wait(poll_s)
+
+        self._thread = threading.Thread(target=run, name="weight-relay", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+
+def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
+    """``shipyard relay CONFIG``: mirror ``cfg.store`` (origin) into ``cfg.relay.mirror`` until
+    interrupted (or for ``max_s`` seconds), printing each version as it lands."""
+    from rich.console import Console
+
+    from shipyard.store import open_store
+
+    console = Console()
+    w = cfg.weights
+    relay = WeightRelay(
+        open_store(cfg.store),
+        open_store(cfg.relay.mirror),
+        name=f"relay-{cfg.relay.region}",
+        cache_dir=Path(w.cache_dir).expanduser() / f"relay-{cfg.relay.region}" if w.cache_dir else None,
+        connections=cfg.store.connections,
+        chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
+        workers=w.workers,
+        keep=w.keep,
+        lease_ttl_s=w.lease_ttl_s,
+    )
+    console.print(f"relay {cfg.relay.region}: {cfg.store.root} -> {cfg.relay.mirror.root} (Ctrl-C stops)")
+    t_end = None if max_s is None else time.monotonic() + max_s
+    try:
+        while t_end is None or time.monotonic() < t_end:
+            try:
+                for v in relay.sync_once():
+                    console.print(f"version {v} mirrored ({relay.stats.origin_bytes} origin bytes so far)")
+            except (OSError, ValueError, LookupError) as e:
+                console.print(f"[yellow]sync failed, retrying: {e}")
+            time.sleep(cfg.relay.poll_s)
+    except KeyboardInterrupt:
+        pass
+    return relay

@@ -1,0 +1,104 @@
+"""Subscriber on a real embedded engine: adopts deltas in place, reports version and pause,
+registers its lease, recovers from a missing delta; the regional relay mirrors versions once,
+rebuilds snapshots locally and repairs a corrupted mirror."""
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from shipyard.config.schema import ModelConfig
+from shipyard.inference.engine import EmbeddedEngine
+from shipyard.models.loading import load_model
+from shipyard.store import LocalStore
+from shipyard.weights.leases import read_records
+from shipyard.weights.publisher import WeightPublisher, named_params
+from shipyard.weights.relay import WeightRelay
+from shipyard.weights.subscriber import EngineSink, WeightSubscriber
+from shipyard.weights.types import shard_key
+from shipyard.weights.versions import latest_version, read_manifest
+
+
+def _adam_steps(model: torch.nn.Module, n: int, lr: float = 1e-5) -> None:
+    """``n`` real AdamW steps on a language-model loss over random tokens."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(n)
+    for _ in range(n):
+        ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _bf16(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: t.to(torch.bfloat16) for k, t in named_params(model).items()}
+
+
+def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    trainer, _ = load_model(ModelConfig(source="tiny"))
+    served, tok = load_model(ModelConfig(source="tiny"))
+    served = served.to(torch.bfloat16)  # fp32 master in the trainer, bf16 serving
+    engine = EmbeddedEngine(served, tok, max_batch=2, version=0)
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, snapshot_every=4)
+    pub.publish(0, _bf16(trainer))
+    sub = WeightSubscriber(store, EngineSink(engine), name="server-0", cache_dir=tmp_path / "cache")
+    live_ptrs = {k: t.data_ptr() for k, t in named_params(served).items()}
+    for v in (1, 2):
+        _adam_steps(trainer, 1)
+        pub.publish(v, _bf16(trainer))
+    assert sub.poll_once() and engine.version == 2 and not sub.poll_once()
+    rec = sub.adopted[-1]
+    assert rec["path"] == ["1:delta", "2:delta"] and rec["from"] == 0 and rec["pause_s"] == engine.pauses[-1]
+    assert rec["bytes"] == sum(read_manifest(store, v).encodings["delta"].nbytes for v in (1, 2))
+    for k, t in _bf16(trainer).items():
+        assert torch.equal(named_params(served)[k], t), k
+    assert {k: t.data_ptr() for k, t in named_params(served).items()} == live_ptrs, "applied in place"
+    assert [(r.name, r.version) for r in read_records(store)] == [("server-0", 2)]
+    # a missing delta: the subscriber falls back to the snapshot of version 4 and recovers
+    for v in (3, 4):
+        _adam_steps(trainer, 1)
+        pub.publish(v, _bf16(trainer))
+    store.delete(shard_key(3, read_manifest(store, 3).encodings["delta"].shards[0].name))
+    assert sub.poll_once() and engine.version == 4
+    assert sub.adopted[-1]["path"] == ["4:snapshot"] and "version 3 delta" in sub.errors[0]
+    for k, t in _bf16(trainer).items():
+        assert torch.equal(named_params(served)[k], t), k
+    sub.stop()
+    assert read_records(store) == [], "a stopped subscriber pins nothing"
+
+
+def _states(n: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(300, 200, generator=g)
+    out = []
+    for _ in range(n):
+        out.append({"w": w.bfloat16(), "n": torch.ones(7)})
+        w = w + 1e-3 * torch.randn(w.shape, generator=g)
+    return out
+
+
+def test_relay_pulls_once_rebuilds_snapshots_and_repairs(tmp_path: Path) -> None:
+    states = _states(9)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, snapshot_every=4, keep=2, shard_bytes=40_000)
+    relay = WeightRelay(origin, mirror, name="relay-eu", cache_dir=tmp_path / "relay-cache")
+    first = pub.publish(0, states[0]).encodings["snapshot"].nbytes
+    assert relay.sync_once() == [0] and relay.stats.origin_bytes == first
+    deltas = 0
+    for v in range(1, 9):
+        deltas += pub.publish(v, states[v]).encodings["delta"].nbytes
+        assert relay.sync_once() == [v]
+    assert relay.stats.origin_bytes == first + deltas, "after the first version only deltas cross"
+    assert relay.stats.snapshots_rebuilt == len(read_manifest(origin, 8).encodings["snapshot"].shards) * 2
+    assert relay.stats.snapshots_fetched == 0 and latest_version(mirror) == 8
+    assert [r.name for r in read_records(origin)] == ["relay-eu"]
+    # servers of the region read the mirror; a corrupted mirror shard is detected and repaired
+    snap = read_manifest(mirror, 8).encodings["snapshot"].shards[0]
+    key = shard_key(8, snap.name)
+    good = mirror.get(key)
+    mirror.put(key, good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    assert relay.repair() == [key]
+    assert mirror.get(key) == good and hashlib.sha256(good).hexdigest() == snap.sha256
