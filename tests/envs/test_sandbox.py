@@ -333,3 +333,71 @@ def test_reap_stale_removes_what_dead_processes_left() -> None:
         assert stale_cg is None or not os.path.exists(stale_cg)
     finally:
         shutil.rmtree(live_dir)
+
+
+def test_exec_env_is_per_command_and_validated(sb: BwrapSandbox) -> None:
+    res = sb.exec('echo "$GREETING|$EMPTY|${UNSET:-unset}"', env={"GREETING": "a b'c$x", "EMPTY": ""})
+    assert res.stdout == "a b'c$x||unset\n"
+    assert sb.exec("echo ${GREETING:-gone}").stdout == "gone\n"  # not kept for the next command
+    assert sb.exec("cat", stdin="in\n", env={"X": "1"}).stdout == "in\n"  # one-shot path too
+    for bad in ("1X", "A-B", "A B", ""):
+        with pytest.raises(ValueError, match="env"):
+            sb.exec("true", env={bad: "v"})
+
+
+def test_diff_and_fork_of_a_plain_workspace(sb: BwrapSandbox) -> None:
+    assert sb.diff().is_empty()
+    sb.exec("echo new > new.txt && echo changed > hello.txt && mkdir d && echo x > d/x.txt")
+    diff = sb.diff()
+    assert diff.added == {"d/x.txt": "x\n", "new.txt": "new\n"} and diff.modified == {
+        "hello.txt": "changed\n"
+    }
+    with sb.fork() as child:
+        assert child.files() == sb.files() and child.diff() == diff  # same base, same changes
+        child.exec("rm new.txt && echo c > only_child.txt")
+        assert sorted(child.diff().added) == ["d/x.txt", "only_child.txt"]
+        assert "only_child.txt" not in sb.files() and sb.read("new.txt") == "new\n"  # independent
+    sb.exec("rm hello.txt")
+    assert sb.diff().deleted == ["hello.txt"]
+
+
+def test_diff_and_fork_over_a_base(tmp_path: Path) -> None:
+    base = tmp_path / "repo"
+    for rel, text in {
+        "a.py": "a\n",
+        "pkg/m.py": "m\n",
+        "pkg/n.py": "n\n",
+        "gone/x.py": "x\n",
+        "same.py": "s\n",
+    }.items():
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_text(text)
+    cfg = SandboxConfig(timeout_s=10)
+    with BwrapSandbox(None, cfg, base=str(base)) as sb:
+        assert sb.diff().is_empty()
+        script = (
+            "echo A > a.py && rm -r gone && rm -r pkg && mkdir pkg && echo new > pkg/m2.py && "
+            "echo b > b.py && cp same.py same2.py && touch same.py"
+        )
+        assert sb.exec(script).returncode == 0
+        diff = sb.diff()
+        assert diff.added == {"b.py": "b\n", "pkg/m2.py": "new\n", "same2.py": "s\n"}
+        assert diff.modified == {"a.py": "A\n"}  # same.py was copied up by touch but is unchanged
+        assert diff.deleted == ["gone/x.py", "pkg/m.py", "pkg/n.py"]  # whiteout and opaque directory
+        sb.seed({"seeded.txt": "s\n"})
+        assert sb.diff() == diff  # seeded files count as base
+        with sb.fork() as child:
+            assert child.files() == sb.files() and child.diff() == diff
+            child.exec("echo again > a.py")
+            assert sb.read("a.py") == "A\n" and child.read("a.py") == "again\n"
+    assert (base / "a.py").read_text() == "a\n" and (base / "gone" / "x.py").exists()
+
+
+def test_make_sandbox_switches_on_type() -> None:
+    from shipyard.envs.sandbox import Sandbox, make_sandbox
+
+    with make_sandbox(SandboxConfig(type="bwrap", timeout_s=10), {"f.txt": "f\n"}) as box:
+        assert isinstance(box, BwrapSandbox) and isinstance(box, Sandbox)
+        assert box.exec("cat f.txt").stdout == "f\n"
+    with pytest.raises(ValueError, match="base"):
+        make_sandbox(SandboxConfig(type="remote_morph"), base="/tmp")

@@ -10,8 +10,8 @@ workspace's starting files. :class:`Sandbox` is what the rest of Shipyard may ca
   and the result says ``timed_out``. Commands see the files earlier commands wrote.
 - ``read`` / ``write``: one UTF-8 file by workspace-relative path (no absolute paths, no
   ``..``); ``files()``: the workspace's text files.
-- ``diff()``: what changed since the base the sandbox was created from
-  (:class:`~shipyard.envs.types.WorkspaceDiff`).
+- ``diff()``: what changed since the base the sandbox was created from (its starting files,
+  a base directory, files given to ``seed``) as a :class:`~shipyard.envs.types.WorkspaceDiff`.
 - ``fork()``: a new, independent sandbox whose workspace starts as a copy of this one's.
 - ``close()``: kill everything, release every resource (idempotent); also ``with`` blocks.
 
@@ -56,6 +56,9 @@ class Sandbox(Protocol):
 
     def files(self) -> dict[str, str]:
         """The workspace's text files (relative path -> content)."""
+
+    def seed(self, files: Mapping[str, str]) -> None:
+        """Write starting files that count as part of the base (``diff`` does not report them)."""
 
     def diff(self) -> WorkspaceDiff:
         """Text files added, modified and deleted since the sandbox's base."""

@@ -1,11 +1,13 @@
 """A persistent, isolated workspace for untrusted code, built on bubblewrap (``bwrap``).
 
-Contract: :class:`BwrapSandbox` implements :class:`shipyard.envs.types.Sandbox`. It owns a fresh
+Contract: :class:`BwrapSandbox` implements :class:`shipyard.envs.sandbox.base.Sandbox`. It owns a fresh
 host temp directory (the workspace) that every command sees read-write at ``/workspace`` (the
 working directory), so files persist across :meth:`~BwrapSandbox.exec` calls. Commands run as
 ``/bin/sh -c CMD`` in new namespaces (user, pid, ipc, uts, cgroup and network unless
 ``network=True``) with all capabilities dropped, ``no_new_privs``, further user namespaces
-disabled (bwrap ``--disable-userns``), a cleared environment, a read-only view of the system
+disabled (bwrap ``--disable-userns``), the seccomp deny-list of :mod:`.seccomp` (``EPERM`` for
+ptrace, mount, namespace creation, keyrings, BPF, perf, io_uring, module loading and the like;
+``cfg.seccomp``), a cleared environment, a read-only view of the system
 (``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files and the running Python installation, so
 ``python`` is this interpreter with pytest importable), a size-capped tmpfs ``/tmp`` and
 ``/dev/shm``, a minimal ``/dev``, a fresh ``/proc`` (no ``/sys``) and a read-only root. Nothing
@@ -50,6 +52,12 @@ die (``--die-with-parent``) and the kernel then kills every process in the sandb
 namespace. stdout and stderr are each capped at :data:`OUTPUT_CAP` bytes (head and tail kept, a
 marker says how much was cut).
 
+Whole-sandbox limits (:mod:`.cgroups`): where cgroups can be created the sandbox gets its own
+``memory`` cgroup (``cfg.cgroup_memory_mb`` for all its processes and tmpfs pages; the kernel
+OOM-kills inside it) and ``cpu`` cgroup (a CFS quota of ``cfg.cpus`` cores);
+:attr:`BwrapSandbox.memory_limit` and :attr:`BwrapSandbox.cpu_limit` say whether they apply
+(``"cgroup"``) or only the per-process rlimits do (``"rlimit"``).
+
 Process-count limit (``cfg.max_processes``): ``RLIMIT_NPROC`` is counted per real user and is
 never enforced for a process whose host uid is 0, and a user namespace created by root maps the
 sandbox to host uid 0, so as root the rlimit alone does nothing. The sandbox therefore uses, in
@@ -57,7 +65,7 @@ order: a ``pids`` cgroup made for this sandbox when one can be created (cgroup v
 hierarchy, or v2 where our cgroup delegates ``pids``), which also counts threads and the
 sandbox's own bwrap and server processes (3 of the budget); else ``RLIMIT_NPROC`` (effective
 when the host uid is not 0); else none. :attr:`BwrapSandbox.process_limit` says which
-(``"cgroup"``, ``"rlimit"``, ``"none"``). Bwrap is moved into the cgroup by a ``/bin/sh``
+(``"cgroup"``, ``"rlimit"``, ``"none"``). Bwrap is moved into the cgroups by a ``/bin/sh``
 wrapper that execs it, so Python never forks with a ``preexec_fn`` (a plain ``vfork``/``exec``
 keeps starts cheap in large processes). The cgroup lives from construction to
 :meth:`~BwrapSandbox.close`; a host process killed hard leaves its empty ``shipyard-sb-PID-*``
@@ -71,10 +79,15 @@ the workspace; it relies on no sandboxed process running while it is called (tru
 to the thread that started it: if that thread ends, the session dies and the next ``exec``
 starts a new one.
 
-Limits not covered: no seccomp filter (the kernel's syscall surface reachable from an
-unprivileged user namespace stays reachable); memory is limited per process, not per sandbox
-(worst case about ``max_processes * memory_mb`` plus the two tmpfs); the workspace is a host
-directory without a disk quota (bounded only by ``RLIMIT_FSIZE`` per file and the timeout).
+Diff and fork: :meth:`~BwrapSandbox.diff` reports the text files added, modified and deleted
+relative to the base (the starting files and :meth:`~BwrapSandbox.seed`; with ``base``, the base
+directory, read from the overlay's upper layer); :meth:`~BwrapSandbox.fork` makes an
+independent sandbox starting from this workspace (with ``base``: copying only the upper layer).
+
+Limits not covered: the seccomp filter is a deny-list (a syscall new to the kernel is allowed);
+without a memory cgroup, memory is limited per process only (worst case about
+``max_processes * memory_mb`` plus the two tmpfs); the workspace is a host directory without a
+disk quota (bounded only by ``RLIMIT_FSIZE`` per file and the timeout).
 
 Example::
 
@@ -327,6 +340,29 @@ def reap_stale() -> int:
     return removed
 
 
+def leftovers(roots: Sequence[str]) -> dict[str, int]:
+    """What sandboxes with these workspace ``roots`` left on the host: live processes whose
+    command line names a root, mounts naming one, roots still on disk, and this process's
+    ``shipyard-sb-PID-*`` cgroups (of every sandbox, closed or not)."""
+    procs = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            procs += any(root in cmdline for root in roots)
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for line in f if any(root in line for root in roots))
+    prefix = f"shipyard-sb-{os.getpid()}-"
+    cgroups = sum(
+        1 for parent in candidate_parents() for name in os.listdir(parent) if name.startswith(prefix)
+    )
+    dirs = sum(1 for root in roots if os.path.exists(root))
+    return {"processes": procs, "mounts": mounts, "cgroups": cgroups, "dirs": dirs}
+
+
 @functools.lru_cache(maxsize=1)
 def _reap_once() -> int:
     try:
@@ -543,8 +579,8 @@ class BwrapSandbox:
                     f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
                 )
         self._base = _check_base(base) if base is not None else None
-        self._initial = dict(files or {}) if base is None else {}
-        """The workspace's starting files: what :meth:`diff` compares with (``base``: the base dir)."""
+        self._initial = dict(files or {})
+        """Files written at creation or by :meth:`seed`: part of the base :meth:`diff` compares with."""
         self._bwrap = shutil.which("bwrap") or "bwrap"
         _reap_once()
         self.root = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
@@ -866,15 +902,27 @@ class BwrapSandbox:
         if self._base is None:
             return diff_files(self._initial, self.files())
         with self._lock:
-            return _overlay_diff(self._base, self._layers[0])
+            out = _overlay_diff(self._base, self._layers[0])
+        for path, text in self._initial.items():  # seeded files belong to the base
+            for changed in (out.added, out.modified):
+                if changed.get(path) == text:
+                    del changed[path]
+        return out
+
+    def seed(self, files: Mapping[str, str]) -> None:
+        """Write ``files`` as part of the base: :meth:`diff` does not report them (a pooled sandbox
+        receives its task's files this way after it was created and started)."""
+        for path, content in files.items():
+            self.write(path, content)
+        self._initial.update(files)
 
     def fork(self) -> BwrapSandbox:
         """A new sandbox (same config and network, no extra binds) whose workspace starts as this one's.
 
         Without ``base`` the workspace is copied (``cp -a``); with ``base`` the fork shares the
         base and copies only this sandbox's upper layer, so forking a large repository costs
-        what the session changed. The fork's :meth:`diff` is relative to the same base (with
-        ``base``) or to this sandbox's files at fork time (without).
+        what the session changed. The fork's :meth:`diff` is relative to the same base as this
+        sandbox's, so right after the fork both report the same diff.
         """
         if not self._finalizer.alive:
             raise RuntimeError("fork of a closed sandbox")
@@ -887,8 +935,7 @@ class BwrapSandbox:
                 )
                 if res.returncode != 0:
                     raise RuntimeError(f"fork: copying the workspace failed: {res.stderr.strip()}")
-                if self._base is None:
-                    child._initial = child.files()
+                child._initial = dict(self._initial)
             except BaseException:
                 child.close()
                 raise
