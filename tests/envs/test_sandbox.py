@@ -284,6 +284,11 @@ def test_session_outlives_the_thread_that_started_it() -> None:
         t = threading.Thread(target=lambda: box.exec("true"))
         t.start()
         t.join()
+        assert box.exec("cat a.txt").stdout == "a\n"  # at once: a new session, not the dying one
+        box.exec("true")
+        t = threading.Thread(target=lambda: box.exec("true"))
+        t.start()
+        t.join()
         deadline = time.monotonic() + 30  # --die-with-parent ended that session with its thread
         while box.session_pid is not None and time.monotonic() < deadline:
             time.sleep(0.02)

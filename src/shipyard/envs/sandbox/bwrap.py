@@ -76,8 +76,8 @@ Host-side access (:meth:`write`, :meth:`read`, :meth:`files`) never follows syml
 rejects absolute paths and ``..``, so sandboxed code cannot make the host read or write outside
 the workspace; it relies on no sandboxed process running while it is called (true because
 ``exec`` is synchronous and kills everything it started). ``--die-with-parent`` ties a session
-to the thread that started it: if that thread ends, the session dies and the next ``exec``
-starts a new one.
+to the thread that started it: once that thread has ended, the next ``exec`` ends the session
+and starts a new one (long-lived threads, e.g. a :class:`~.pool.SandboxPool`'s, keep it).
 
 Diff and fork: :meth:`~BwrapSandbox.diff` reports the text files added, modified and deleted
 relative to the base (the starting files and :meth:`~BwrapSandbox.seed`; with ``base``, the base
@@ -403,11 +403,14 @@ class _Session:
         for fd in (cmd_w, out_r, err_r, st_r):
             os.set_blocking(fd, False)
         self.seq = 0
+        self.owner = threading.current_thread()
+        """The thread that started the session: bwrap's ``--die-with-parent`` ends it with that thread."""
         self.answered = False
         """Whether the server has answered a command (so, for ``base``, the overlay is mounted)."""
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """Running, and not about to die with the thread that started it."""
+        return self.proc.poll() is None and self.owner.is_alive()
 
     def kill(self, graceful: bool = False) -> None:
         """End the session; ``graceful``: close its command pipe and let it exit (so every process
