@@ -7,6 +7,11 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
 
 - ``create_p50_ms`` / ``create_p99_ms``: construction (workspace with one file) to the first
   command's result (``exec("true")``, which starts the session);
+- ``create_warm_p50_ms`` / ``create_warm_p99_ms``: the same from a pre-warmed
+  :class:`~shipyard.envs.sandbox.pool.SandboxPool` (4 warm): ``acquire`` (which writes the
+  file) + ``exec("true")``, each sample taken once the pool has refilled (a request rate under
+  the pool's refill rate); ``create_warm_back_to_back_*`` take samples without waiting, so they
+  include cold creations once the warm ones run out (``pool_warm_hit_frac`` says how many were warm);
 - ``rtt_p50_ms``: ``exec("true")`` in a running session (p99 printed too);
 - ``lifecycles_per_s_per_core``: create + one command + close, sequentially, divided by the CPU
   seconds they used (this process and all its children: bwrap, shells); the wall-clock rate is
@@ -16,6 +21,10 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
   minus 1; runs alternate;
 - ``idle_mib``: RSS summed over a session's processes (bwrap, the sandbox's pid 1, the server)
   after one command; ``idle_pss_mib`` and ``idle_anon_mib`` say how much of it is shared;
+- ``pool_idle_*_mib``: per sandbox, over 32 idle warm sandboxes of a pool: RSS, PSS (shared
+  pages split between their users), USS (pages no other process maps: what one more sandbox
+  really costs in process memory) and the sandbox's memory cgroup usage (kernel objects and
+  page cache charged to it included);
 - ``fork_ms``: CPU milliseconds (this process and its children) a copy-on-write fork of a
   5,000-file directory (``base=``, an overlayfs) adds to create + first command + close over a
   plain sandbox, from alternating runs; the wall-clock medians (``fork_total_ms``,
@@ -25,6 +34,9 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
 - ``burst_n`` sandboxes through 8 threads (create, ``echo``, check, close): ``burst_failures``,
   and afterwards leaked processes (whose command line names a burst workspace), host mounts,
   ``pids`` cgroups of this process and workspace directories;
+- ``pool_burst_n`` rollouts through a pool (8 warm, at most 32 live, 8 threads):
+  ``pool_burst_failures``, ``pool_burst_per_s`` and ``pool_burst_leaked`` (processes, mounts,
+  cgroups and directories left after the pool closed, summed);
 - ``isolation_properties``: properties of ``tests/envs/test_isolation.py`` whose test passes
   (run with pytest here);
 - ``hacks_n`` / ``hacks_passed``: hacks of ``tests/envs/hacks`` with a reward above 0 under the
@@ -68,10 +80,12 @@ from rich.console import Console
 from rich.table import Table
 
 from shipyard.agent.session import RUN_VISIBLE, workspace_files
-from shipyard.config.schema import SandboxConfig
+from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.anticheat import detect
 from shipyard.envs.grader import grade
 from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
+from shipyard.envs.sandbox.bwrap import leftovers
+from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.tasks import generated_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +93,17 @@ CFG = SandboxConfig(timeout_s=20)
 TARGETS = {
     "create_p50_ms": ("<=", 10.0),
     "create_p99_ms": ("<=", 30.0),
+    "create_warm_p50_ms": ("<=", 10.0),
+    "create_warm_p99_ms": ("<=", 30.0),
     "rtt_p50_ms": ("<=", 2.0),
     "lifecycles_per_s_per_core": (">=", 100.0),
     "pytest_overhead_frac": ("<=", 0.05),
     "idle_mib": ("<=", 4.0),
     "fork_ms": ("<=", 5.0),
     "burst_failures": ("<=", 0),
+    "pool_burst_failures": ("<=", 0),
+    "pool_burst_leaked": ("<=", 0),
+    "isolation_properties": (">=", 15),
     "hacks_passed": ("<=", 0),
     "honest_pass_frac": (">=", 1.0),
 }
@@ -115,6 +134,101 @@ def bench_create(n: int) -> dict[str, float]:
         samples.append(time.perf_counter() - start)
         sb.close()
     return {"create_p50_ms": _ms(_pct(samples, 0.5)), "create_p99_ms": _ms(_pct(samples, 0.99))}
+
+
+def _pool_cfg(warm: int, max_live: int = 64) -> SandboxConfig:
+    return CFG.model_copy(update={"pool": SandboxPoolConfig(warm=warm, max_live=max_live)})
+
+
+def bench_create_warm(n: int, warm: int = 4) -> dict[str, float]:
+    """Create-to-first-command from a pre-warmed pool: acquire (writes the file) + exec + close."""
+    files = {"solution.py": "def f():\n    return 1\n"}
+    steady: list[float] = []
+    back_to_back: list[float] = []
+    with SandboxPool(_pool_cfg(warm)) as pool:
+        for samples, wait in ((steady, True), (back_to_back, False)):
+            for _ in range(n):
+                if wait:
+                    assert pool.wait_warm(120)  # the pool refilled: the rate stays under its refill rate
+                start = time.perf_counter()
+                sb = pool.acquire(files)
+                assert sb.exec("true").returncode == 0
+                samples.append(time.perf_counter() - start)
+                sb.close()
+        hits, cold = pool.stats["warm_hits"], pool.stats["cold_creates"]
+    return {
+        "create_warm_p50_ms": _ms(_pct(steady, 0.5)),
+        "create_warm_p99_ms": _ms(_pct(steady, 0.99)),
+        "create_warm_back_to_back_p50_ms": _ms(_pct(back_to_back, 0.5)),
+        "create_warm_back_to_back_p99_ms": _ms(_pct(back_to_back, 0.99)),
+        "pool_warm_hit_frac": round(hits / (hits + cold), 4),
+    }
+
+
+def _cgroup_usage_mib(sb: BwrapSandbox) -> float | None:
+    d = sb.cgroups.get("memory")
+    for name in ("memory.usage_in_bytes", "memory.current"):
+        if d is not None and os.path.exists(os.path.join(d, name)):
+            with open(os.path.join(d, name)) as f:
+                return int(f.read()) / 2**20
+    return None
+
+
+def _uss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(
+            int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:"))
+        )
+
+
+def bench_pool_idle(n: int) -> dict[str, float]:
+    """Memory of ``n`` idle warm sandboxes, per sandbox: RSS, PSS, USS and the memory cgroup's usage."""
+    with SandboxPool(_pool_cfg(n, max_live=n)) as pool:
+        assert pool.wait_warm(300)
+        time.sleep(0.2)
+        boxes = [sb for sb in pool.warm_sandboxes() if isinstance(sb, BwrapSandbox) and sb.session_pid]
+        pids = [p for sb in boxes for p in _descendants(sb.session_pid or 0)]
+        per = len(boxes)
+        out = {
+            "pool_idle_n": per,
+            "pool_idle_rss_mib": round(sum(_status_kib(p, "VmRSS") for p in pids) / 1024 / per, 2),
+            "pool_idle_pss_mib": round(sum(_pss_kib(p) for p in pids) / 1024 / per, 2),
+            "pool_idle_uss_mib": round(sum(_uss_kib(p) for p in pids) / 1024 / per, 2),
+        }
+        usage = [u for u in (_cgroup_usage_mib(sb) for sb in boxes) if u is not None]
+        if usage:
+            out["pool_idle_cgroup_mib"] = round(statistics.median(usage), 2)
+    return out
+
+
+def bench_pool_burst(n: int, workers: int = 8) -> dict[str, float]:
+    """``n`` rollouts through a pool (warm 8, at most 32 live): acquire, command, check, close; then leaks."""
+    roots: list[str] = []
+
+    def one(pool: SandboxPool, i: int) -> bool:
+        try:
+            with pool.acquire({"i.txt": str(i)}) as sb:
+                assert isinstance(sb.inner, BwrapSandbox)
+                roots.append(sb.inner.root)
+                res = sb.exec("cat i.txt; echo")
+                return res.returncode == 0 and res.stdout == f"{i}\n"
+        except Exception:
+            return False
+
+    start = time.perf_counter()
+    pool = SandboxPool(_pool_cfg(8, max_live=32))
+    with ThreadPoolExecutor(workers) as ex:
+        ok = list(ex.map(lambda i: one(pool, i), range(n)))
+    roots += [sb.root for sb in pool.warm_sandboxes() if isinstance(sb, BwrapSandbox)]
+    pool.close()
+    wall = time.perf_counter() - start
+    left = leftovers(roots)
+    return {
+        "pool_burst_n": n,
+        "pool_burst_failures": ok.count(False),
+        "pool_burst_per_s": round(n / wall, 1),
+        "pool_burst_leaked": sum(left.values()),
+    }
 
 
 def bench_rtt(n: int) -> dict[str, float]:
@@ -248,35 +362,6 @@ def bench_fork(rounds: int, copies: int) -> dict[str, float]:
     }
 
 
-def _leaks(roots: list[str]) -> dict[str, int]:
-    procs = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        procs += any(root in cmdline for root in roots)
-    with open("/proc/self/mountinfo") as f:
-        mounts = sum(1 for line in f if any(root in line for root in roots))
-    cgroups = 0
-    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        if os.path.isdir(base):
-            for dirpath, dirnames, _ in os.walk(base):
-                cgroups += sum(1 for d in dirnames if d.startswith(f"shipyard-sb-{os.getpid()}-"))
-                if dirpath.count("/") > 6:
-                    dirnames[:] = []
-    dirs = sum(1 for root in roots if os.path.exists(root))
-    return {
-        "burst_leaked_processes": procs,
-        "burst_leaked_mounts": mounts,
-        "burst_leaked_cgroups": cgroups,
-        "burst_leaked_dirs": dirs,
-    }
-
-
 def bench_burst(n: int, workers: int = 8) -> dict[str, float]:
     roots: list[str] = []
 
@@ -294,9 +379,10 @@ def bench_burst(n: int, workers: int = 8) -> dict[str, float]:
         ok = list(pool.map(one, range(n)))
     wall = time.perf_counter() - start
     time.sleep(0.5)  # the kernel tears dead pid namespaces down asynchronously
-    return {"burst_n": n, "burst_failures": ok.count(False), "burst_per_s": round(n / wall, 1)} | _leaks(
-        roots
-    )
+    left = leftovers(roots)
+    return {"burst_n": n, "burst_failures": ok.count(False), "burst_per_s": round(n / wall, 1)} | {
+        f"burst_leaked_{k}": v for k, v in left.items()
+    }
 
 
 def _load(path: Path, name: str) -> ModuleType:
@@ -397,12 +483,15 @@ def main() -> None:
     result["load_avg_before"] = round(os.getloadavg()[0], 2)
     phases: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("create", lambda: bench_create(20 if q else 300)),
+        ("create_warm", lambda: bench_create_warm(20 if q else 300)),
         ("rtt", lambda: bench_rtt(200 if q else 2000)),
         ("lifecycles", lambda: bench_lifecycles(30 if q else 300)),
         ("pytest", lambda: bench_pytest(3 if q else 15)),
         ("idle", bench_idle),
+        ("pool_idle", lambda: bench_pool_idle(8 if q else 32)),
         ("fork", lambda: bench_fork(8 if q else 30, 1 if q else 3)),
         ("burst", lambda: bench_burst(args.burst or (100 if q else 1000))),
+        ("pool_burst", lambda: bench_pool_burst(args.burst or (100 if q else 1000))),
         ("isolation", bench_isolation),
         ("hacks", lambda: bench_hacks(12 if q else 60)),
     ]

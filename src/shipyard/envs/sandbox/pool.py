@@ -8,9 +8,11 @@ filler) refills the pool after every hand-out. When no warm sandbox is ready, ``
 creates one itself (burst creation: concurrent callers create in parallel). At most
 ``cfg.pool.max_live`` sandboxes exist at once (warm, being created and handed out);
 ``acquire`` blocks beyond that until one is released, and raises ``TimeoutError`` after
-``cfg.pool.acquire_timeout_s`` (backpressure). Every ``exec`` of a pooled sandbox, and every
-sandbox creation, holds one of ``cfg.pool.cpu_slots`` slots (default: the core count), so
-CPU-bound work (tests, builds) never oversubscribes the cores however many sessions are open.
+``cfg.pool.acquire_timeout_s`` (backpressure). Every ``exec`` of a pooled sandbox holds one of
+``cfg.pool.cpu_slots`` slots (default: the core count), so CPU-bound work (tests, builds) never
+oversubscribes the cores however many sessions are open. Creating a sandbox is not gated by the
+slots: it mostly waits on the kernel (namespaces, mounts, process starts), so creations overlap
+(up to four per slot on the spawner threads, one at a time on the filler).
 
 A handed-out sandbox is a :class:`PooledSandbox` (the :class:`~.base.Sandbox` interface);
 ``close()`` returns nothing to the pool: the sandbox is destroyed (a used workspace is never
@@ -148,7 +150,7 @@ class SandboxPool:
     # ----------------------------------------------------------------- CPU slots
     @contextmanager
     def cpu_slot(self) -> Iterator[None]:
-        """Hold one of ``cpu_slots`` while CPU-bound work (a command, a creation) runs."""
+        """Hold one of ``cpu_slots`` while CPU-bound work (a command) runs."""
         with self._slots:
             with self._cond:
                 self.stats["running"] += 1
@@ -162,15 +164,14 @@ class SandboxPool:
     # ----------------------------------------------------------------- creating
     def _create(self, factory: Callable[[], Sandbox]) -> Sandbox:
         """A new started sandbox (its place in ``_live`` is already reserved by the caller)."""
-        with self.cpu_slot():
-            sb = factory()
-            try:
-                res = sb.exec(WARM_COMMAND)
-                if res.returncode != 0:
-                    raise RuntimeError(f"sandbox pool: warm-up command failed: {res.stderr.strip()}")
-            except BaseException:
-                sb.close()
-                raise
+        sb = factory()
+        try:
+            res = sb.exec(WARM_COMMAND)
+            if res.returncode != 0:
+                raise RuntimeError(f"sandbox pool: warm-up command failed: {res.stderr.strip()}")
+        except BaseException:
+            sb.close()
+            raise
         with self._cond:
             self.stats["created"] += 1
         return sb
