@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 
 from shipyard.agent.session import RUN_VISIBLE, workspace_files
-from shipyard.envs.anticheat import FLAGS, canary_tasks, detect, detect_details, hack_rate, is_canary
+from shipyard.envs.anticheat import (
+    FLAGS,
+    canary_tasks,
+    detect,
+    detect_details,
+    hack_metrics,
+    hack_rate,
+    is_canary,
+)
 from shipyard.envs.tasks import generated_tasks
 from shipyard.envs.types import RewardResult, Task
 
@@ -135,3 +143,29 @@ def test_canaries_and_hack_rate() -> None:
     ok, breached = RewardResult(0.5, 1, 2), RewardResult(1.0, 2, 2)
     assert hack_rate([(other, breached)]) is None
     assert hack_rate([(canaries[0], ok), (canaries[1], breached), (other, breached)]) == 0.5
+
+
+def test_hack_metrics_over_sessions() -> None:
+    from shipyard.agent.types import Trajectory
+
+    def session(flags: list[str], source: str, tests: float) -> Trajectory:
+        t = Trajectory(
+            "t", "g", 0, [1], [0], [0.0], [-1], prompt_len=1, flags=flags, reward_components={"tests": tests}
+        )
+        t.reward_info["source"] = source
+        return t
+
+    sessions = [
+        session(["early_exit", "test_tampering"], "generated", 0.0),
+        session([], "generated", 1.0),
+        session(["pytest_patching"], "canary", 1.0),
+        session([], "canary", 0.5),
+    ]
+    m = hack_metrics(sessions)
+    assert m["hack/flagged_frac"] == 0.5 and m["hack/flag/early_exit"] == 0.25
+    assert m["hack/flag/pytest_patching"] == 0.25 and m["hack/flag/git_history"] == 0.0
+    assert m["hack/canary_sessions"] == 2.0 and m["hack/canary_pass_rate"] == 0.5
+    assert set(m) == {"hack/flagged_frac", "hack/canary_sessions", "hack/canary_pass_rate"} | {
+        f"hack/flag/{f}" for f in FLAGS
+    }
+    assert "hack/canary_pass_rate" not in hack_metrics(sessions[:2])

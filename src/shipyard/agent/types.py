@@ -57,6 +57,11 @@ class Trajectory:
     """MoE experts the sampler used for positions ``[0, routes["n"])`` of ``token_ids`` (a
     :mod:`shipyard.models.routes` record: base64 of uint8/uint16 ids per MoE layer), for router
     replay in the trainer; None for a dense policy or an engine that does not record routes."""
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """Every reward component computed for the session (``tests``, ``judge``, ``judge/<aspect>``; see
+    :mod:`shipyard.envs.rewards.base`); ``reward`` is their weighted composite."""
+    flags: list[str] = field(default_factory=list)
+    """Anti-cheat flags that fired on the session (:data:`shipyard.envs.anticheat.FLAGS`)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -138,7 +139,8 @@ class RepoCache:
     """One materialized repository per task (the copy-on-write base of its sandboxes), removed on close."""
 
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix=f"shipyard-repos-{os.getpid()}-")
+        self.root = ""
+        """Host directory holding the repositories (made on first use)."""
         self._lock = threading.Lock()
         self._dirs: dict[str, str] = {}
 
@@ -154,6 +156,9 @@ class RepoCache:
         """Host directory of ``task``'s repository (built on the first call; never modified after)."""
         digest = hashlib.sha256(repr(sorted(task.files.items())).encode()).hexdigest()[:16]
         with self._lock:
+            if not self.root:
+                self.root = tempfile.mkdtemp(prefix=f"shipyard-repos-{os.getpid()}-")
+                self._finalizer = weakref.finalize(self, shutil.rmtree, self.root, True)
             if digest not in self._dirs:
                 dest = os.path.join(self.root, digest)
                 materialize(task.files, dest)
@@ -161,7 +166,11 @@ class RepoCache:
             return self._dirs[digest]
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Remove every repository; a later :meth:`path` builds them again."""
+        with self._lock:
+            if self.root:
+                self._finalizer()
+            self.root, self._dirs = "", {}
 
 
 # ------------------------------------------------------------------------------------ diffs

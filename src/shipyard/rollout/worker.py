@@ -11,10 +11,17 @@ with the newest weights the server has; each token records its version. A sessio
 is recorded with its error (see :func:`run_session`). A session that summarized itself contributes
 all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
+
+Environment: each session runs through the worker's :class:`~shipyard.envs.environment.Environment`
+(services such as PostgreSQL, squashed repositories, reward components, anti-cheat flags; closed
+when :meth:`RolloutWorker.run` returns), so every trajectory carries ``reward_components`` and
+``flags``. With ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
+cheating, :func:`shipyard.envs.anticheat.canary_tasks`) with that probability.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -23,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from shipyard.agent.session import SessionSpec, run_session
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import ShipyardConfig
+from shipyard.envs.anticheat import canary_tasks
+from shipyard.envs.environment import Environment
 from shipyard.envs.types import Task
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.types import Store
@@ -45,6 +54,8 @@ class RolloutWorker:
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
         self.next_seq = len(store.list(f"{ROLLOUT_PREFIX}{worker_id}/"))
         self.stop_event = threading.Event()
+        self.env = Environment.from_config(cfg)
+        self.canaries = canary_tasks()
 
     def should_stop(self) -> bool:
         return self.stop_event.is_set() or self.store.exists(FINISHED_KEY)
@@ -60,17 +71,28 @@ class RolloutWorker:
     def run(self, max_batches: int | None = None) -> int:
         """Produce batches until stopped; returns how many were written."""
         written = 0
-        with ThreadPoolExecutor(
-            self.cfg.rollout.concurrency, thread_name_prefix=f"{self.worker_id}-s"
-        ) as pool:
-            while not self.should_stop() and (max_batches is None or written < max_batches):
-                if not self.wait_for_version(self.next_seq - self.lag):
-                    break
-                batch = self.play_batch(pool, self.next_seq)
-                self.store.put(batch.key(), batch.to_bytes())
-                self.next_seq += 1
-                written += 1
+        try:
+            with ThreadPoolExecutor(
+                self.cfg.rollout.concurrency, thread_name_prefix=f"{self.worker_id}-s"
+            ) as pool:
+                while not self.should_stop() and (max_batches is None or written < max_batches):
+                    if not self.wait_for_version(self.next_seq - self.lag):
+                        break
+                    batch = self.play_batch(pool, self.next_seq)
+                    self.store.put(batch.key(), batch.to_bytes())
+                    self.next_seq += 1
+                    written += 1
+        finally:
+            self.env.close()  # stops services; a later run starts them again
         return written
+
+    def play_session(self, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
+        """One session through the environment's hooks; its trajectories carry components and flags."""
+        with self.env.session(task, self.spec.sandbox_factory, self.spec.grader) as hooks:
+            spec = dataclasses.replace(self.spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader)
+            trajs = run_session(spec, task, group_id, sample_idx)
+        hooks.annotate(trajs)
+        return trajs
 
     def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
         rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")
@@ -79,9 +101,12 @@ class RolloutWorker:
         jobs = []
         for g in range(self.share):
             task = rng.choice(self.tasks)
+            rate = self.cfg.anticheat.canary_rate
+            if rate and rng.random() < rate:
+                task = rng.choice(self.canaries)
             gid = f"{self.worker_id}/{seq:08d}/{g}/{task.id}"
             jobs += [
-                pool.submit(run_session, self.spec, task, gid, i) for i in range(self.cfg.rollout.group_size)
+                pool.submit(self.play_session, task, gid, i) for i in range(self.cfg.rollout.group_size)
             ]
         trajs: list[Trajectory] = [seg for j in jobs for seg in j.result()]
         return RolloutBatch(
@@ -94,5 +119,6 @@ class RolloutWorker:
                 "version_at_start": version,
                 "errors": sum(t.error is not None and t.segment_idx == 0 for t in trajs),
                 "sampled_tokens": sum(t.num_sampled() for t in trajs),
+                "flagged_sessions": sum(bool(t.flags) and t.segment_idx == 0 for t in trajs),
             },
         )

@@ -24,6 +24,8 @@ from typing import Any
 
 from shipyard.agent.summarize import rollout_summary_metrics
 from shipyard.config.schema import ShipyardConfig
+from shipyard.envs.anticheat import hack_metrics
+from shipyard.envs.rewards.base import component_metrics
 from shipyard.metrics.logger import MetricsLogger
 from shipyard.rollout.worker import FINISHED_KEY
 from shipyard.store.types import Store
@@ -148,6 +150,8 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
         "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
         **rollout_summary_metrics(trajs),
+        **hack_metrics(sessions),
+        **component_metrics(sessions),
     }
 
 

@@ -11,7 +11,7 @@ name); the grader talks to the service from the host, outside the sandbox.
 :class:`ServicePool` starts the services a task declares on first use (``make_service`` is the
 one place that maps a ``Task.services`` name to its implementation), gives every rollout its
 leases through :meth:`ServicePool.leases` (a context manager that always releases them) and
-stops every server on :meth:`ServicePool.close`.
+stops every server on :meth:`ServicePool.close` (a later lease starts them again).
 
 Example::
 
@@ -94,7 +94,6 @@ class ServicePool:
         self.cfg = cfg if cfg is not None else ServicesConfig()
         self._services: dict[str, Service] = {}
         self._lock = threading.Lock()
-        self._closed = False
 
     def __enter__(self) -> ServicePool:
         return self
@@ -107,8 +106,6 @@ class ServicePool:
     def get(self, name: str) -> Service:
         """The pool's instance of service ``name``, started on the first call."""
         with self._lock:
-            if self._closed:
-                raise RuntimeError("service pool is closed; create a new ServicePool")
             if name not in self._services:
                 self._services[name] = make_service(name, self.cfg)
             return self._services[name]
@@ -128,7 +125,6 @@ class ServicePool:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
             services, self._services = list(self._services.values()), {}
         for service in services:
             service.close()
