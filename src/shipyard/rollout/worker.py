@@ -15,7 +15,9 @@ appears in the store or ``stop`` is set; on restart it continues after its last 
 Environment: each session runs through the worker's :class:`~shipyard.envs.environment.Environment`
 (services such as PostgreSQL, squashed repositories, reward components, anti-cheat flags; closed
 when :meth:`RolloutWorker.run` returns), so every trajectory carries ``reward_components`` and
-``flags``. With ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
+``flags``. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
+files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``). With
+``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
 cheating, :func:`shipyard.envs.anticheat.canary_tasks`) with that probability.
 """
 
@@ -32,6 +34,7 @@ from shipyard.agent.types import Trajectory
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.anticheat import canary_tasks
 from shipyard.envs.environment import Environment
+from shipyard.envs.task_format import extra_training_tasks
 from shipyard.envs.types import Task
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.types import Store
@@ -49,7 +52,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.store = store
         self.spec = spec
-        self.tasks = tasks
+        self.tasks = tasks + extra_training_tasks(cfg.tasks)  # tasks.num_db, num_repo, files
         self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
         self.next_seq = len(store.list(f"{ROLLOUT_PREFIX}{worker_id}/"))
@@ -105,9 +108,7 @@ class RolloutWorker:
             if rate and rng.random() < rate:
                 task = rng.choice(self.canaries)
             gid = f"{self.worker_id}/{seq:08d}/{g}/{task.id}"
-            jobs += [
-                pool.submit(self.play_session, task, gid, i) for i in range(self.cfg.rollout.group_size)
-            ]
+            jobs += [pool.submit(self.play_session, task, gid, i) for i in range(self.cfg.rollout.group_size)]
         trajs: list[Trajectory] = [seg for j in jobs for seg in j.result()]
         return RolloutBatch(
             batch_id=f"{self.worker_id}/{seq:08d}",

@@ -1,0 +1,218 @@
+"""Load user task files (the documented format, docs/tasks.md) into validated :class:`Task` records.
+
+Contract: :func:`load_task_file` reads one file: ``.toml`` (an array of ``[[task]]`` tables),
+``.json`` (a list of task objects, or ``{"task": [...]}``) or ``.jsonl`` (one task object per
+line). Every task is checked before any is returned, and the first problem raises a
+``ValueError`` naming the file, the task (by id, or by position when it has none) and the field,
+with how to fix it: unknown fields, wrong types, a missing ``id``/``prompt``, duplicate ids, an
+unknown ``kind`` or service, hidden tests that are not Python or hold no ``test_*`` function,
+db tasks without ``setup.postgres`` or ``hidden_checks``, check names that are not identifiers.
+
+Fields are those of :class:`~shipyard.envs.types.Task` plus ``repo`` (repo tasks): a path,
+relative to the task file, of a local git repository whose HEAD snapshot becomes the task's
+files (history, other refs and untracked files are not carried: see
+:func:`shipyard.envs.repo_tasks.squash_repository`). Repo tasks get
+:data:`shipyard.envs.repo_tasks.PROTECTED` when they list no ``protected`` patterns; db tasks get
+``services = ["postgres"]`` when they list none. :func:`extra_training_tasks` builds the tasks a
+run adds to its training set from ``tasks.num_db``, ``tasks.num_repo`` and ``tasks.files``.
+
+Example::
+
+    tasks = load_task_file("my_tasks.toml")      # [Task(id='fizz', kind='function', ...), ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import TasksConfig
+from shipyard.envs.rewards.hidden_tests import TASK_KINDS
+from shipyard.envs.services.base import SERVICE_NAMES
+from shipyard.envs.types import Task
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_CHECK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_STR, _MAP, _LIST, _INT = "a string", "a table of strings (name -> text)", "a list of strings", "an integer"
+_TYPES: dict[str, str] = {
+    "id": _STR,
+    "prompt": _STR,
+    "entry_point": _STR,
+    "files": _MAP,
+    "visible_tests": _STR,
+    "hidden_tests": _STR,
+    "difficulty": _INT,
+    "source": _STR,
+    "reference": _STR,
+    "kind": _STR,
+    "services": _LIST,
+    "setup": _MAP,
+    "hidden_checks": _MAP,
+    "protected": _LIST,
+    "repo": _STR,
+}
+"""Every field a task may have, with its type as the error messages name it."""
+assert set(_TYPES) == {f.name for f in fields(Task)} | {"repo"}
+
+
+def _records(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix == ".jsonl":
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ValueError(f"{path}: unknown task file type {path.suffix!r}; use .toml, .json or .jsonl")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if isinstance(data, dict):
+        if set(data) - {"task"}:
+            raise ValueError(
+                f"{path}: top level must hold only `task` (an array of tasks), found {sorted(data)}"
+            )
+        data = data.get("task", [])
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: no tasks found; write one or more [[task]] tables (see docs/tasks.md)")
+    return data
+
+
+def _check_type(where: str, name: str, value: Any) -> None:
+    kind = _TYPES[name]
+    ok = {
+        _STR: isinstance(value, str),
+        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _LIST: isinstance(value, list) and all(isinstance(v, str) for v in value),
+        _MAP: isinstance(value, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()),
+    }[kind]
+    if not ok:
+        raise ValueError(f"{where}: field `{name}` must be {kind}, got {type(value).__name__}")
+
+
+def _repo_files(where: str, base: Path, repo: str) -> dict[str, str]:
+    from shipyard.envs.repo_tasks import repo_text_files, squash_repository
+
+    src = (base / repo).resolve()
+    if not (src / ".git").exists():
+        raise ValueError(f"{where}: field `repo` = {repo!r} ({src}) is not a git repository (no .git)")
+    work = tempfile.mkdtemp(prefix="shipyard-task-repo-")
+    try:
+        squash_repository(str(src), os.path.join(work, "repo"))
+        return repo_text_files(os.path.join(work, "repo"))
+    except RuntimeError as exc:
+        raise ValueError(f"{where}: field `repo`: {exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_kind(where: str, task: Task) -> None:
+    from shipyard.envs.grader import expected_tests
+
+    if task.kind not in TASK_KINDS:
+        raise ValueError(f"{where}: field `kind` = {task.kind!r} must be one of {list(TASK_KINDS)}")
+    for name in task.services:
+        if name not in SERVICE_NAMES:
+            raise ValueError(
+                f"{where}: field `services` names unknown service {name!r}; known: {list(SERVICE_NAMES)}"
+            )
+    if task.kind == "db":
+        if "postgres" not in task.services or not task.setup.get("postgres", "").strip():
+            raise ValueError(
+                f"{where}: a db task needs `setup.postgres` (SQL that builds its starting database)"
+            )
+        if not task.hidden_checks:
+            raise ValueError(f"{where}: a db task needs `hidden_checks` (name -> SQL returning one boolean)")
+        bad = [n for n in task.hidden_checks if not _CHECK.match(n)]
+        if bad:
+            raise ValueError(
+                f"{where}: field `hidden_checks` names {bad} must be identifiers (letters, digits, _)"
+            )
+        return
+    if not task.hidden_tests.strip():
+        raise ValueError(f"{where}: a {task.kind} task needs `hidden_tests` (Python with test_* functions)")
+    try:
+        names = expected_tests(task.hidden_tests)
+    except ValueError as exc:
+        raise ValueError(f"{where}: field `hidden_tests`: {exc}") from None
+    if not names:
+        raise ValueError(f"{where}: field `hidden_tests` has no top-level test_* function")
+    if task.kind == "repo" and not task.files:
+        raise ValueError(f"{where}: a repo task needs `repo` (a git repository path) or `files`")
+    if task.kind == "function" and not task.entry_point:
+        raise ValueError(f"{where}: a function task needs `entry_point` (the function's name)")
+
+
+def _task(path: Path, index: int, raw: Any) -> Task:
+    where = f"{path}: task #{index + 1}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be a table of fields, got {type(raw).__name__}")
+    if isinstance(raw.get("id"), str):
+        where = f"{path}: task {raw['id']!r}"
+    unknown = sorted(set(raw) - set(_TYPES))
+    if unknown:
+        raise ValueError(f"{where}: unknown fields {unknown}; known fields are {sorted(_TYPES)}")
+    for name, value in raw.items():
+        _check_type(where, name, value)
+    for name in ("id", "prompt"):
+        if not str(raw.get(name, "")).strip():
+            raise ValueError(f"{where}: field `{name}` is required and must not be empty")
+    if not _ID.match(raw["id"]):
+        raise ValueError(f"{where}: field `id` must be 1-100 of letters, digits, '_', '.', '-'")
+    fields_ = {k: v for k, v in raw.items() if k != "repo"}
+    fields_.setdefault("kind", "function")
+    fields_.setdefault("source", f"file:{path.name}")
+    fields_.setdefault("entry_point", "")
+    if "repo" in raw:
+        if fields_["kind"] != "repo":
+            raise ValueError(f'{where}: field `repo` is only for kind = "repo" tasks')
+        fields_["files"] = {**_repo_files(where, path.parent, raw["repo"]), **fields_.get("files", {})}
+    if fields_["kind"] == "repo" and "protected" not in raw:
+        from shipyard.envs.repo_tasks import PROTECTED
+
+        fields_["protected"] = list(PROTECTED)
+    if fields_["kind"] == "db" and "services" not in raw:
+        fields_["services"] = ["postgres"]
+    task = Task(**fields_)
+    _check_kind(where, task)
+    return task
+
+
+def load_task_file(path: str | os.PathLike[str]) -> list[Task]:
+    """Every task of one task file, validated (see the module docstring)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(
+            f"task file {str(p)!r} does not exist (tasks.files entries are paths to .toml/.json/.jsonl)"
+        )
+    tasks = [_task(p, i, raw) for i, raw in enumerate(_records(p))]
+    seen: set[str] = set()
+    for t in tasks:
+        if t.id in seen:
+            raise ValueError(f"{p}: task id {t.id!r} appears more than once; ids must be unique")
+        seen.add(t.id)
+    return tasks
+
+
+def extra_training_tasks(cfg: TasksConfig) -> list[Task]:
+    """Generated db and repo tasks (``tasks.num_db``, ``tasks.num_repo``) and the tasks of ``tasks.files``."""
+    from shipyard.envs.db_tasks import db_tasks
+    from shipyard.envs.repo_tasks import repo_tasks
+
+    out = db_tasks(cfg.num_db, cfg.seed) + repo_tasks(cfg.num_repo, cfg.seed)
+    for path in cfg.files:
+        out += load_task_file(path)
+    ids = [t.id for t in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"tasks.files: task ids {dup} appear in more than one file; ids must be unique")
+    return out
