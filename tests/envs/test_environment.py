@@ -168,3 +168,26 @@ def test_worker_mixes_canaries_and_the_trainer_logs_hack_metrics(tmp_path: Path)
     assert metrics["reward/component/tests"] == pytest.approx(
         sum(t.reward_components["tests"] for t in graded) / len(graded)
     )
+
+
+@pytest.mark.skipif(postgres_available() is not None, reason=str(postgres_available()))
+def test_worker_plays_db_tasks_on_per_rollout_clones(tmp_path: Path) -> None:
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [f'store.root="{tmp_path}"', "trainer.groups_per_step=1", "rollout.group_size=2", "tasks.num_db=1"],
+    )
+    store = LocalStore(tmp_path)
+    node = InferenceNode(cfg, store)
+    try:
+        spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
+        worker = RolloutWorker("w0", cfg, store, spec, [])
+        assert [t.kind for t in worker.tasks] == ["db"]
+        assert worker.run(max_batches=1) == 1
+        assert worker.env.services._services == {}  # the pool's server was stopped when run ended
+    finally:
+        node.stop()
+    [batch] = [RolloutBatch.from_bytes(store.get(k)) for k in store.list("rollouts/w0/")]
+    sessions = [t for t in batch.trajectories if t.segment_idx == 0]
+    assert len(sessions) == 2 and all(t.error is None for t in sessions), [t.error for t in sessions]
+    assert all(t.task_id.startswith("db-") and set(t.reward_components) == {"tests"} for t in sessions)
+    assert all(t.reward_info["source"] == "db" and "total" in t.reward_info for t in sessions)

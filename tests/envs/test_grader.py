@@ -267,3 +267,25 @@ def test_encoding_is_strict_and_round_trips() -> None:
         deep = [deep]
     with pytest.raises(ValueError, match="deeper"):
         _encode(deep)
+
+
+def test_protected_files_are_restored_before_grading() -> None:
+    task = Task(
+        id="prot",
+        prompt="",
+        entry_point="f",
+        files={"data/table.py": "TABLE = {1: 'one'}\n", "helper.py": "X = 1\n"},
+        hidden_tests="from solution import f\n\n\ndef test_lookup():\n    assert f(1) == 'one'\n",
+        protected=["data/*"],
+    )
+    solution = "from data.table import TABLE\n\n\ndef f(k):\n    return TABLE[k]\n"
+    honest = grade(task, {**task.files, "solution.py": solution}, CFG)
+    assert honest.reward == 1.0
+    edited = {**task.files, "data/table.py": "TABLE = {1: 'uno'}\n", "data/extra.py": "Y = 2\n"}
+    assert grade(task, {**edited, "solution.py": solution}, CFG).reward == 1.0  # the edit is undone
+    deleted = {"helper.py": "X = 1\n", "solution.py": solution}
+    assert grade(task, deleted, CFG).reward == 1.0  # the deleted protected file is put back
+    cheat = (
+        "from data.table import TABLE\n\n\ndef f(k):\n    return 'one' if 'uno' in TABLE.values() else 'x'\n"
+    )
+    assert grade(task, {**edited, "solution.py": cheat}, CFG).reward == 0.0

@@ -33,6 +33,9 @@ cannot swallow; a later test gets a new child. Solution exceptions are re-raised
 exception of the same name (so ``pytest.raises(ValueError)`` works) or :class:`_RemoteError`.
 Arguments the solution mutates in place (list, dict, set, bytearray) are written back.
 
+Files matching ``task.protected`` are then put back exactly as ``task.files`` has them
+(:func:`restore_protected`: edits undone, deletions restored, additions dropped).
+
 The reward is ``passed / expected`` where ``expected`` is the set of top-level ``test*``
 functions of the hidden tests (found with :mod:`ast`); a test passes when every case of it
 (``pytest.mark.parametrize`` is expanded) is reported passed; unreported, failed, errored or
@@ -69,6 +72,7 @@ import ast
 import base64
 import builtins
 import contextlib
+import fnmatch
 import functools
 import importlib
 import importlib.util
@@ -135,6 +139,21 @@ def agent_controlled(path: str) -> bool:
     return parts[-1] in _BLOCKED_NAMES or parts[-1].endswith(".pth")
 
 
+def restore_protected(task: Task, files: dict[str, str]) -> dict[str, str]:
+    """``files`` with every path matching ``task.protected`` (globs, ``*`` crosses ``/``) exactly as in
+    ``task.files``: edited ones restored, deleted ones put back, new ones dropped."""
+    if not task.protected:
+        return files
+    hit = functools.partial(_matches_any, task.protected)
+    out = {p: c for p, c in files.items() if not hit(p)}
+    out.update({p: c for p, c in task.files.items() if hit(p) and not agent_controlled(p)})
+    return out
+
+
+def _matches_any(patterns: list[str], path: str) -> bool:
+    return any(fnmatch.fnmatch(path, pat) for pat in patterns)
+
+
 def expected_tests(hidden_tests: str) -> list[str]:
     """Names of the top-level ``test*`` functions of a hidden-test module, in source order."""
     try:
@@ -166,7 +185,7 @@ def grade(task: Task, files: dict[str, str], cfg: SandboxConfig) -> RewardResult
     expected = expected_tests(task.hidden_tests)
     if not expected:
         raise ValueError(f"task {task.id!r} has no top-level test_* functions in hidden_tests; add some")
-    workspace = {p: c for p, c in files.items() if not agent_controlled(p)}
+    workspace = restore_protected(task, {p: c for p, c in files.items() if not agent_controlled(p)})
     dropped = sorted(set(files) - set(workspace))
     report_dir = tempfile.mkdtemp(prefix=f"shipyard-grade-{os.getpid()}-")
     try:

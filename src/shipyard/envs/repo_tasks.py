@@ -218,11 +218,7 @@ def grade_repo(task: Task, files: dict[str, str], cfg: SandboxConfig, repos: Rep
             "patch": patch,
         }
         return RewardResult(0.0, 0, len(_issue_tests(task)), details)
-    for path, text in task.files.items():  # protected files exactly as the task had them
-        if is_protected(path, task.protected):
-            patched[path] = text
-    patched = {p: t for p, t in patched.items() if p in task.files or not is_protected(p, task.protected)}
-    res = grade(task, patched, cfg)
+    res = grade(task, patched, cfg)  # which restores the protected files exactly as the task has them
     return _gate(task, res, patch)
 
 

@@ -46,13 +46,13 @@ class RolloutWorker:
     def __init__(
         self, worker_id: str, cfg: ShipyardConfig, store: Store, spec: SessionSpec, tasks: list[Task]
     ) -> None:
-        if not tasks:
+        self.tasks = tasks + extra_training_tasks(cfg.tasks)  # tasks.num_db, num_repo, files
+        if not self.tasks:
             raise ValueError("rollout worker needs at least one training task (check tasks.num_generated)")
         self.worker_id = worker_id
         self.cfg = cfg
         self.store = store
         self.spec = spec
-        self.tasks = tasks + extra_training_tasks(cfg.tasks)  # tasks.num_db, num_repo, files
         self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
         self.next_seq = len(store.list(f"{ROLLOUT_PREFIX}{worker_id}/"))
