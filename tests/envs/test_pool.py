@@ -122,3 +122,27 @@ def test_burst_then_close_leaves_nothing_behind() -> None:
     assert pool.live == 0
     assert leftovers(roots) == {"processes": 0, "mounts": 0, "cgroups": before_cgroups, "dirs": 0}
     assert _children() <= before_children  # every bwrap and shell was reaped
+
+
+def test_creation_errors_surface_and_the_filler_retries() -> None:
+    cfg = _cfg(warm=1, max_live=4)
+    calls = {"n": 0}
+
+    def flaky() -> BwrapSandbox:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise OSError(f"transient failure {calls['n']}")
+        return BwrapSandbox(None, cfg)
+
+    with SandboxPool(cfg, flaky) as pool:
+        assert pool.wait_warm(60)  # retried after two failures
+        assert isinstance(pool.last_error, OSError) and calls["n"] == 3
+        assert pool.live == 1
+
+    def broken() -> BwrapSandbox:
+        raise OSError("no sandboxes today")
+
+    with SandboxPool(_cfg(warm=0, max_live=2), broken) as pool:
+        with pytest.raises(OSError, match="no sandboxes today"):
+            pool.acquire()
+        assert pool.live == 0  # the failed creation gave its place back

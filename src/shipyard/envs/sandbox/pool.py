@@ -130,7 +130,9 @@ class SandboxPool:
         self._live = 0
         self._filling = 0
         self._closed = False
-        self._error: BaseException | None = None
+        self.last_error: Exception | None = None
+        """The last error the filler met creating a sandbox (it retries with a growing pause;
+        ``acquire`` creating on demand raises such errors itself)."""
         self.stats = {
             "created": 0,
             "warm_hits": 0,
@@ -177,6 +179,7 @@ class SandboxPool:
         return sb
 
     def _fill_loop(self) -> None:
+        backoff = 0.0
         while True:
             with self._cond:
                 while not self._closed and not (
@@ -189,14 +192,16 @@ class SandboxPool:
                 self._filling += 1
             try:
                 sb = self._create(self._factory)
-            except BaseException as exc:  # keep the error for acquire; stop refilling
+            except Exception as exc:  # keep it for inspection; retry with a growing pause
+                backoff = min(max(2 * backoff, 0.1), 5.0)
                 with self._cond:
                     self._live -= 1
                     self._filling -= 1
-                    self._error = exc
-                    self._warm_target = 0
+                    self.last_error = exc
                     self._cond.notify_all()
+                    self._cond.wait(backoff)
                 continue
+            backoff = 0.0
             with self._cond:
                 self._filling -= 1
                 if self._closed:
@@ -267,8 +272,6 @@ class SandboxPool:
         self, files: Mapping[str, str] | None = None, timeout_s: float | None = None
     ) -> PooledSandbox:
         """A started sandbox holding ``files`` (as its base, see ``seed``); blocks while the pool is full."""
-        if self._error is not None and self._warm_target == 0 and self.cfg.pool.warm > 0:
-            raise RuntimeError(f"sandbox pool: creating sandboxes failed: {self._error}") from self._error
         deadline = time.monotonic() + (self.cfg.pool.acquire_timeout_s if timeout_s is None else timeout_s)
         sb = self._reserve(deadline)
         if sb is None:
