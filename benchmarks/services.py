@@ -1,0 +1,197 @@
+"""Benchmark: per-rollout databases by template clone, against re-running setup and a cluster per rollout.
+
+Contract: one real PostgreSQL cluster (:class:`shipyard.envs.services.postgres.PostgresService`)
+serves every measurement. A task database is built by setup SQL (a table of ``--rows`` rows
+with an index, plus the generated migration tasks' own setups). Three ways to give each
+rollout a fresh database are timed side by side:
+
+- ``clone`` (ours): ``CREATE DATABASE r TEMPLATE tmpl`` with a private role, then ``DROP ... WITH
+  (FORCE)`` (:meth:`PostgresService.lease` / :meth:`release`);
+- ``setup`` (baseline): ``CREATE DATABASE`` from the empty template, then run the setup SQL;
+- ``cluster`` (baseline): ``initdb`` + start + setup + stop, a whole server per rollout.
+
+It also times :func:`shipyard.envs.db_tasks.grade_db` (fresh clone, migration applied in a fresh
+sandbox, hidden checks) on the reference migrations, checks that the template's on-disk files
+are byte-identical after every rollout wrote to its clone, and that no rollout database is
+left. Prints a rich table and writes ``benchmarks/results/services.json`` (keys
+``pool_start_ms``, ``template_build_ms``, ``clone_p50_ms``, ``clone_p99_ms``, ``release_p50_ms``,
+``setup_p50_ms``, ``cluster_p50_ms``, ``clone_speedup_vs_setup``, ``grade_db_p50_ms``,
+``template_unchanged``, ``leaked_databases``).
+
+Limits: wall-clock times on a shared machine (the load average is recorded); the cluster
+baseline runs only ``--cluster-runs`` times.
+
+Usage::
+
+    .venv/bin/python benchmarks/services.py            # 40 rollouts, 20k-row table, 3 cluster runs
+    .venv/bin/python benchmarks/services.py --quick    # 8 rollouts, 5k rows, 1 cluster run (< 1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shipyard.config.schema import PostgresConfig, SandboxConfig
+from shipyard.envs.db_tasks import MIGRATION_FILE, db_tasks, grade_db
+from shipyard.envs.services.base import ServicePool
+from shipyard.envs.services.postgres import PostgresService, postgres_available
+from shipyard.envs.types import Task
+
+
+def setup_sql(rows: int) -> str:
+    return (
+        "CREATE TABLE events (id integer PRIMARY KEY, user_id integer NOT NULL, kind text NOT NULL, "
+        "payload text NOT NULL);\n"
+        f"INSERT INTO events SELECT g, g % 97, 'kind' || (g % 7), repeat(md5(g::text), 4) FROM generate_series(1, {rows}) g;\n"
+        "CREATE INDEX events_user_idx ON events (user_id);\n"
+    )
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def clone_rollouts(pg: PostgresService, task: Task, n: int) -> tuple[list[float], list[float]]:
+    """(lease ms, release ms) per rollout; each rollout writes to its clone."""
+    leases, releases = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        lease = pg.lease(task)
+        leases.append((time.perf_counter() - t0) * 1000)
+        pg.psql(
+            "DELETE FROM events WHERE id % 2 = 0;\nALTER TABLE events ADD COLUMN x int;",
+            db=lease.info["database"],
+        )
+        releases.append(timed(lambda lease=lease: pg.release(lease)))  # type: ignore[misc]
+    return leases, releases
+
+
+def setup_rollouts(pg: PostgresService, sql: str, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        name = f"bench_setup_{i}"
+        out.append(timed(lambda name=name: (pg.psql(f"CREATE DATABASE {name};"), pg.psql(sql, db=name))))  # type: ignore[misc]
+        pg.psql(f"DROP DATABASE {name} WITH (FORCE);")
+    return out
+
+
+def cluster_rollouts(sql: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with PostgresService(PostgresConfig()) as pg:
+            pg.psql("CREATE DATABASE task;")
+            pg.psql(sql, db="task")
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def grade_times(pool: ServicePool, tasks: list[Task]) -> tuple[list[float], int]:
+    times, passed = [], 0
+    for task in tasks:
+        t0 = time.perf_counter()
+        res = grade_db(task, {MIGRATION_FILE: task.reference}, pool, SandboxConfig(timeout_s=60))
+        times.append((time.perf_counter() - t0) * 1000)
+        passed += res.reward == 1.0
+    return times, passed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8 rollouts, 5k rows, 1 cluster run (< 1 minute)")
+    ap.add_argument("--rollouts", type=int, default=None, help="rollouts per method (default 40, quick 8)")
+    ap.add_argument(
+        "--rows", type=int, default=None, help="rows of the task table (default 20000, quick 5000)"
+    )
+    ap.add_argument(
+        "--cluster-runs", type=int, default=None, help="cluster-per-rollout runs (default 3, quick 1)"
+    )
+    ap.add_argument("--out", default="benchmarks/results/services.json")
+    args = ap.parse_args()
+    n = args.rollouts or (8 if args.quick else 40)
+    rows = args.rows or (5000 if args.quick else 20000)
+    cluster_n = args.cluster_runs or (1 if args.quick else 3)
+    problem = postgres_available()
+    if problem is not None:
+        raise SystemExit(problem)
+    sql = setup_sql(rows)
+    task = Task("bench", "", "", kind="db", services=["postgres"], setup={"postgres": sql})
+    console = Console(width=None if Console().is_terminal else 200)
+    with ServicePool() as pool:
+        start_ms = timed(lambda: pool.get("postgres"))
+        pg = pool.get("postgres")
+        assert isinstance(pg, PostgresService)
+        build_ms = timed(lambda: pg.template(sql))
+        template = pg.template(sql)
+        before = pg.checksum(template)
+        leases, releases = clone_rollouts(pg, task, n)
+        unchanged = pg.checksum(template) == before
+        setups = setup_rollouts(pg, sql, n)
+        migrations = db_tasks(7 if args.quick else 14, seed=0)
+        grades, passed = grade_times(pool, migrations)
+        leaked = [d for d in pg.databases() if d.startswith("r_")]
+    clusters = cluster_rollouts(sql, cluster_n)
+    result = {
+        "pool_start_ms": start_ms,
+        "template_build_ms": build_ms,
+        "clone_p50_ms": statistics.median(leases),
+        "clone_p99_ms": pct(leases, 0.99),
+        "release_p50_ms": statistics.median(releases),
+        "setup_p50_ms": statistics.median(setups),
+        "cluster_p50_ms": statistics.median(clusters),
+        "clone_speedup_vs_setup": statistics.median(setups) / statistics.median(leases),
+        "grade_db_p50_ms": statistics.median(grades),
+        "grade_db_references_passed": f"{passed}/{len(migrations)}",
+        "template_unchanged": unchanged,
+        "leaked_databases": len(leaked),
+        "config": {"rollouts": n, "rows": rows, "cluster_runs": cluster_n, "quick": args.quick},
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"load avg {os.getloadavg()[0]:.1f}",
+    }
+    table = Table(title=f"fresh database per rollout ({rows} rows + index; {n} rollouts)")
+    for col in ("method", "p50 ms", "p99 ms", "runs"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    table.add_row(
+        "clone from template (ours)", f"{result['clone_p50_ms']:.0f}", f"{result['clone_p99_ms']:.0f}", str(n)
+    )
+    table.add_row(
+        "create + run setup SQL", f"{result['setup_p50_ms']:.0f}", f"{pct(setups, 0.99):.0f}", str(n)
+    )
+    table.add_row(
+        "cluster per rollout", f"{result['cluster_p50_ms']:.0f}", f"{pct(clusters, 0.99):.0f}", str(cluster_n)
+    )
+    console.print(table)
+    console.print(
+        f"pool start {start_ms:.0f} ms, template build {build_ms:.0f} ms, release p50 {result['release_p50_ms']:.0f} ms, "
+        f"grade_db p50 {result['grade_db_p50_ms']:.0f} ms ({passed}/{len(migrations)} references pass), "
+        f"template unchanged: {unchanged}, leaked databases: {len(leaked)}"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}, indent=1)
+        + "\n"
+    )
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
