@@ -2,9 +2,11 @@
 registers its lease, recovers from a missing delta; the regional relay mirrors versions once,
 rebuilds snapshots locally and repairs a corrupted mirror."""
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
+import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig
@@ -15,7 +17,7 @@ from shipyard.weights.leases import read_records
 from shipyard.weights.publisher import WeightPublisher, named_params
 from shipyard.weights.relay import WeightRelay
 from shipyard.weights.subscriber import EngineSink, WeightSubscriber
-from shipyard.weights.types import shard_key
+from shipyard.weights.types import LATEST_KEY, latest_bytes, manifest_key, shard_key, state_digest
 from shipyard.weights.versions import latest_version, read_manifest
 
 
@@ -57,13 +59,23 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
         assert torch.equal(named_params(served)[k], t), k
     assert {k: t.data_ptr() for k, t in named_params(served).items()} == live_ptrs, "applied in place"
     assert [(r.name, r.version) for r in read_records(store)] == [("server-0", 2)]
+    # an idle poll reads LATEST's first line; following every version, a new one costs LATEST (which
+    # carries the manifest) and the shards: no listing, no manifest reads
+    before = store.stats.snapshot()
+    assert not sub.poll_once()
+    after = store.stats.snapshot()
+    assert after["reads"] - before["reads"] == 1 and after["bytes_read"] - before["bytes_read"] <= 24
+    _adam_steps(trainer, 1)
+    shards = len(pub.publish(3, _bf16(trainer)).encodings["delta"].shards)
+    reads = store.stats.reads
+    assert sub.poll_once() and engine.version == 3 and store.stats.reads - reads == 2 + shards
     # a missing delta: the subscriber falls back to the snapshot of version 4 and recovers
-    for v in (3, 4):
+    for v in (4, 5):
         _adam_steps(trainer, 1)
         pub.publish(v, _bf16(trainer))
-    store.delete(shard_key(3, read_manifest(store, 3).encodings["delta"].shards[0].name))
-    assert sub.poll_once() and engine.version == 4
-    assert sub.adopted[-1]["path"] == ["4:snapshot"] and "version 3 delta" in sub.errors[0]
+    store.delete(shard_key(4, read_manifest(store, 4).encodings["delta"].shards[0].name))
+    assert sub.poll_once() and engine.version == 5
+    assert sub.adopted[-1]["path"] == ["4:snapshot", "5:delta"] and "version 4 delta" in sub.errors[0]
     for k, t in _bf16(trainer).items():
         assert torch.equal(named_params(served)[k], t), k
     sub.stop()
@@ -102,3 +114,27 @@ def test_relay_pulls_once_rebuilds_snapshots_and_repairs(tmp_path: Path) -> None
     mirror.put(key, good[:100] + bytes([good[100] ^ 1]) + good[101:])
     assert relay.repair() == [key]
     assert mirror.get(key) == good and hashlib.sha256(good).hexdigest() == snap.sha256
+
+
+def test_relay_retracts_a_version_that_fails_to_decode(tmp_path: Path) -> None:
+    states = _states(2)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, snapshot_every=10)
+    relay = WeightRelay(origin, mirror, name="relay-x")
+    pub.publish(0, states[0])
+    assert relay.sync_once() == [0]
+    m = pub.publish(1, states[1])
+    # a publisher bug: the manifest claims another digest for "w" (consistent state digest, intact shards)
+    tensors = {**m.tensors, "w": dataclasses.replace(m.tensors["w"], digest="sha256:" + "0" * 64)}
+    bad = dataclasses.replace(
+        m, tensors=tensors, state_digest=state_digest({k: t.digest for k, t in tensors.items()})
+    )
+    origin.put(manifest_key(1), bad.to_bytes())
+    origin.put(LATEST_KEY, latest_bytes(1, bad.to_bytes()))
+    with pytest.raises(LookupError, match="version 1"):
+        relay.sync_once()
+    assert "digest mismatch" in relay.errors[-1]
+    assert latest_version(mirror) == 0 and not mirror.exists(manifest_key(1)), "the announcement was undone"
+    assert relay.version == 0 and torch.equal(relay.state["w"], states[0]["w"]), (
+        "state reloaded from the mirror"
+    )

@@ -213,3 +213,29 @@ def test_restarted_publisher_continues_with_deltas(tmp_path: Path, make_chain, s
     again.publish(4, states[4])
     assert same_state(load_version(store, 4), states[4])
     assert store.get(manifest_key(4)) == again.store.get(manifest_key(4))
+
+
+def test_hundred_versions_through_the_store_replay_to_the_same_digest(tmp_path: Path, same_state) -> None:
+    g = torch.Generator().manual_seed(5)
+    master = torch.randn(128, 64, generator=g)
+    store = LocalStore(tmp_path)
+    pub = WeightPublisher(store, snapshot_every=25, keep=1000)
+    first = last = None
+    for v in range(100):
+        state = {"w": master.bfloat16(), "b": master[0].clone()}
+        m = pub.publish(v, state)
+        first = first or {k: t.clone() for k, t in state.items()}
+        last = state
+        master = master + 1e-4 * torch.randn(master.shape, generator=g)
+    manifests = read_manifests(store)
+    deltas_only = plan_path(manifests, 0, 99, bad={(v, "snapshot") for v in range(1, 100)})
+    assert [s.version for s in deltas_only] == list(range(1, 100))
+    out = {k: torch.empty_like(t) for k, t in first.items()}
+    replayed = reach(VersionReader(store), 99, 0, first, out)  # the cheapest: snapshot 75 + 24 deltas
+    assert [s.encoding for s in replayed.path] == ["snapshot"] + ["delta"] * 24
+    assert same_state(replayed.state, last) and m.state_digest == manifests[99].state_digest
+    state = {k: t.clone() for k, t in first.items()}
+    reader = VersionReader(store)
+    for step in deltas_only:  # all 99 deltas applied in place, one after the other
+        state = reader.apply(manifests[step.version], "delta", state, state)
+    assert same_state(state, last)

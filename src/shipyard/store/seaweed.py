@@ -59,9 +59,18 @@ def free_ports(n: int) -> list[int]:
 
 
 class SeaweedServer:
-    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        host: str = "127.0.0.1",
+        bind: str | None = None,
+        prefix: list[str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
+        self.bind = bind or host
+        self.prefix = prefix or []
+        """Command prefix, e.g. ``["ip", "netns", "exec", "origin"]`` to run it in a network namespace."""
         self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         self.proc: subprocess.Popen | None = None
 
@@ -71,10 +80,11 @@ class SeaweedServer:
 
     def command(self) -> list[str]:
         return [
+            *self.prefix,
             weed_binary(),
             "server",
             f"-ip={self.host}",
-            f"-ip.bind={self.host}",
+            f"-ip.bind={self.bind}",
             f"-dir={self.data_dir}",
             "-s3",
             "-s3.port.iceberg=0",
@@ -101,14 +111,25 @@ class SeaweedServer:
                 raise RuntimeError(
                     f"weed exited with {self.proc.returncode}; see {self.data_dir / 'weed.log'}"
                 )
-            try:
-                with urllib.request.urlopen(self.endpoint + "/", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
+            if self._answers():
+                return self
+            time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"SeaweedFS S3 did not answer at {self.endpoint} within {timeout_s} s")
+
+    def _answers(self) -> bool:
+        """Whether the S3 endpoint lists buckets (probed from inside ``prefix``'s namespace)."""
+        if self.prefix:
+            code = f"import urllib.request as u; u.urlopen({self.endpoint + '/'!r}, timeout=2)"
+            return (
+                subprocess.run([*self.prefix, sys.executable, "-c", code], capture_output=True).returncode
+                == 0
+            )
+        try:
+            with urllib.request.urlopen(self.endpoint + "/", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc is None:

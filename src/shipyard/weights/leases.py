@@ -69,8 +69,11 @@ def needed_versions(
     return need
 
 
-def collect_garbage(store: Store, keep: int = 2, now: float | None = None) -> list[int]:
-    """Delete versions no one needs; returns them. Dead subscriber records are removed too."""
+def collect_garbage(
+    store: Store, keep: int = 2, now: float | None = None, cache: dict[int, Manifest] | None = None
+) -> list[int]:
+    """Delete versions no one needs; returns them. Dead subscriber records are removed too.
+    ``cache`` holds manifests already known (see :func:`~shipyard.weights.versions.read_manifests`)."""
     from shipyard.weights.versions import latest_version, read_manifests
 
     now = time.time() if now is None else now
@@ -80,7 +83,7 @@ def collect_garbage(store: Store, keep: int = 2, now: float | None = None) -> li
             remove_record(store, rec.name)
     pinned = [r.version for r in records if r.live(now)]
     latest = latest_version(store)
-    manifests = read_manifests(store)
+    manifests = read_manifests(store, cache=cache)
     need = needed_versions(manifests, latest, pinned, keep)
     deleted = []
     for v in sorted(set(manifests) - need):

@@ -34,6 +34,7 @@ from shipyard.weights.types import (
     Manifest,
     ShardEntry,
     TensorEntry,
+    latest_bytes,
     manifest_key,
     shard_key,
     state_digest,
@@ -103,6 +104,7 @@ class WeightPublisher:
         workers: int = 2,
         connections: int = 8,
         lease_ttl_s: float = 120.0,
+        deltas: bool = True,
     ) -> None:
         if keep < 1 or snapshot_every < 1 or shard_bytes < 1:
             raise ValueError(
@@ -115,9 +117,12 @@ class WeightPublisher:
         self.workers = workers
         self.connections = connections
         self.lease_ttl_s = lease_ttl_s
+        self.deltas = deltas
+        """False: every version is a full snapshot (the baseline that ships whole models)."""
         self._parent: dict[str, Any] | None = None
         self._parent_version: int | None = None
         self._resumed = False
+        self._manifests: dict[int, Manifest] = {}
 
     def has(self, version: int) -> bool:
         return self.store.exists(manifest_key(version))
@@ -127,7 +132,7 @@ class WeightPublisher:
     ) -> Manifest:
         """Write ``version`` (see the module contract); returns its manifest."""
         self._resume_parent(version)
-        parent = self._parent if self._fits(tensors) else None
+        parent = self._parent if self.deltas and self._fits(tensors) else None
         if self._parent_version is not None and version <= self._parent_version:
             parent = None  # republishing an old version: no delta against a newer parent
         with_snapshot = parent is None or version % self.snapshot_every == 0
@@ -136,11 +141,13 @@ class WeightPublisher:
         except BaseException:
             self._parent, self._parent_version = None, None  # the parent copy may be half updated
             raise
-        self.store.put(manifest_key(version), manifest.to_bytes())
-        self.store.put(LATEST_KEY, str(version).encode())
+        data = manifest.to_bytes()
+        self.store.put(manifest_key(version), data)
+        self.store.put(LATEST_KEY, latest_bytes(version, data))
+        self._manifests[version] = manifest
         from shipyard.weights.leases import collect_garbage
 
-        collect_garbage(self.store, keep=self.keep)
+        collect_garbage(self.store, keep=self.keep, cache=self._manifests)
         return manifest
 
     def _resume_parent(self, version: int) -> None:

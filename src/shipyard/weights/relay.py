@@ -15,8 +15,8 @@ The relay renews a subscriber record in the origin (so the origin keeps the delt
 collects garbage in the mirror (the region's servers hold records there). :meth:`repair` scrubs
 the mirror: a shard that is missing or fails its digest is rebuilt or fetched again.
 
-Memory: two copies of the state (the verified one and the one being decoded), so a failed step
-leaves the relay's state intact. ``stats`` counts bytes fetched from the origin, snapshots
+Memory: one copy of the state, decoded in place; a step that fails to decode drops it and
+reloads the mirror's LATEST (verified, local). ``stats`` counts bytes fetched from the origin, snapshots
 rebuilt locally and snapshots that had to be fetched.
 """
 
@@ -32,8 +32,15 @@ from typing import Any
 from shipyard.store.transfer import DEFAULT_CHUNK
 from shipyard.store.types import Store
 from shipyard.weights.leases import collect_garbage, write_record
-from shipyard.weights.types import LATEST_KEY, Manifest, ShardEntry, manifest_key, shard_key
-from shipyard.weights.versions import VersionReader, latest_version, load_version, plan_path, read_manifests
+from shipyard.weights.types import LATEST_KEY, Manifest, ShardEntry, latest_bytes, manifest_key, shard_key
+from shipyard.weights.versions import (
+    VersionReader,
+    latest_version,
+    load_version,
+    plan_steps,
+    read_latest,
+    read_manifests,
+)
 
 
 @dataclass
@@ -66,10 +73,14 @@ class WeightRelay:
         self.keep, self.lease_ttl_s = keep, lease_ttl_s
         self.stats = RelayStats()
         self.errors: list[str] = []
+        self.log: list[dict[str, Any]] = []
+        """One record per mirrored version: version, encoding fetched, wall-clock time, origin bytes."""
         self.version: int | None = None
         self.state: dict[str, Any] | None = None
-        self._work: dict[str, Any] | None = None
         self._digests: dict[str, str] = {}
+        self._mirrored: dict[int, Manifest] = {}
+        self._beat = 0.0
+        self._announced_at = 0.0
         self._loaded = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,6 +96,7 @@ class WeightRelay:
             return
         try:
             self.state, self.version = load_version(self.mirror, v, self.reader.workers), v
+            self._digests = {}  # verified just now, but trust is earned by the next step's hashes
         except (FileNotFoundError, ValueError, LookupError) as e:
             self.errors.append(f"mirror version {v} unreadable, starting over: {e}")
 
@@ -92,16 +104,18 @@ class WeightRelay:
         """Mirror every version on the path to the origin's LATEST; returns the versions written."""
         if not self._loaded:
             self._load_mirror()
-        target = latest_version(self.origin)
-        write_record(self.origin, self.name, -1 if self.version is None else self.version, self.lease_ttl_s)
+        target, hint = read_latest(self.origin)
+        if time.time() - self._beat > self.lease_ttl_s / 4:
+            self._renew(-1 if self.version is None else self.version)
         if target is None or target == self.version:
             return []
+        if hint is not None:
+            self.reader.manifests[target] = hint
         bad: set[tuple[int, str]] = set()
         written: list[int] = []
         while self.version != target:
-            manifests = read_manifests(self.origin, upto=target)
             have = self.version if self.state is not None else None
-            path = plan_path(manifests, have, target, bad)  # LookupError: nothing left to try
+            manifests, path = plan_steps(self.reader, have, target, bad)  # LookupError: nothing left
             for step in path:
                 try:
                     self._step(manifests[step.version], step.encoding)
@@ -110,28 +124,67 @@ class WeightRelay:
                     bad.add((step.version, step.encoding))
                     break
                 written.append(step.version)
-        write_record(self.origin, self.name, target, self.lease_ttl_s)
-        collect_garbage(self.mirror, keep=self.keep)
+        self._renew(target)
+        collect_garbage(self.mirror, keep=self.keep, cache=self._mirrored)
         return written
 
+    def _renew(self, version: int) -> None:
+        write_record(self.origin, self.name, version, self.lease_ttl_s)
+        self._beat = time.time()
+
     def _step(self, m: Manifest, encoding: str) -> None:
+        """Mirror one version. Its shards are fetched (verified, copied to the mirror) first; a
+        version without a snapshot is announced in the mirror at once and decoded after, off the
+        region's critical path (its servers verify every tensor themselves); a snapshot version is
+        announced once its snapshot was rebuilt from the decoded state."""
         before = self.reader.stats.bytes_fetched
         trusted = {} if self.version is None else self._digests
-        if self._work is None and self.state is not None:
-            self._work = {k: t.clone() for k, t in self.state.items()}
-        new = self.reader.apply(m, encoding, self.state, self._work, trusted)
-        for other in m.encodings:
-            if other == "snapshot" and encoding != "snapshot":
-                self._rebuild_snapshot(m, new)
-            elif other != encoding:
-                for shard in m.encodings[other].shards:  # a delta next to a fetched snapshot: small
+        self.reader.memo = {}
+        try:
+            for name in (encoding, *(e for e in m.encodings if e not in (encoding, "snapshot"))):
+                for shard in m.encodings[name].shards:  # the step, and a delta beside a fetched snapshot
                     self.reader.shard(m.version, shard)
-        self.mirror.put(manifest_key(m.version), m.to_bytes())
-        self.mirror.put(LATEST_KEY, str(m.version).encode())
-        self._work, self.state = self.state, new
+            early = "snapshot" not in m.encodings or encoding == "snapshot"
+            previous = self.version
+            if early:
+                self._announce(m)
+            try:
+                self.state = self.reader.apply(m, encoding, self.state, self.state, trusted)
+            except (FileNotFoundError, ValueError):
+                self.state, self.version = None, None
+                if early:
+                    self._retract(m, previous)
+                self._load_mirror()  # the state was decoded in place: start again from the mirror
+                raise
+            if not early:
+                self._rebuild_snapshot(m, self.state)
+                self._announce(m)
+        finally:
+            self.reader.memo = None
         self.version, self._digests = m.version, {k: t.digest for k, t in m.tensors.items()}
+        fetched = self.reader.stats.bytes_fetched - before
         self.stats.versions += 1
-        self.stats.origin_bytes += self.reader.stats.bytes_fetched - before
+        self.stats.origin_bytes += fetched
+        self.log.append(
+            {"version": m.version, "encoding": encoding, "at": self._announced_at, "bytes": fetched}
+        )
+
+    def _announce(self, m: Manifest) -> None:
+        data = m.to_bytes()
+        self.mirror.put(manifest_key(m.version), data)
+        self.mirror.put(LATEST_KEY, latest_bytes(m.version, data))
+        self._mirrored[m.version] = m
+        self._announced_at = time.time()
+
+    def _retract(self, m: Manifest, previous: int | None) -> None:
+        """Undo an announcement whose version failed to decode."""
+        self.mirror.delete(manifest_key(m.version))
+        self._mirrored.pop(m.version, None)
+        if previous is not None and previous in self._mirrored:
+            prev = self._mirrored[previous]
+            self.mirror.put(LATEST_KEY, latest_bytes(previous, prev.to_bytes()))
+        else:
+            self.mirror.delete(LATEST_KEY)
 
     def _rebuild_snapshot(self, m: Manifest, state: dict[str, Any]) -> None:
         """Encode the snapshot shards locally; fetch from the origin only those that differ."""

@@ -14,7 +14,7 @@ The subscriber renews ``weights/subscribers/<name>.json`` (its version and a hea
 :mod:`shipyard.weights.leases`), so garbage collection keeps the deltas it needs; ``stop``
 removes the record. Memory: the live weights plus one staging copy.
 
-Each adoption is recorded in ``adopted``: version, steps taken (``"7:delta"``), bytes fetched,
+Each adoption is recorded in ``adopted``: version, wall-clock time, steps taken (``"7:delta"``), bytes fetched,
 fetch/decode seconds, the pause. Example::
 
     sub = WeightSubscriber(store, EngineSink(engine), name="server-0").start()
@@ -35,7 +35,7 @@ from shipyard.store.transfer import DEFAULT_CHUNK
 from shipyard.store.types import Store
 from shipyard.weights.leases import remove_record, write_record
 from shipyard.weights.publisher import named_params
-from shipyard.weights.versions import VersionReader, latest_version, reach
+from shipyard.weights.versions import VersionReader, reach, read_latest
 
 
 class WeightSink(Protocol):
@@ -104,6 +104,7 @@ class WeightSubscriber:
         self.adopted: list[dict[str, Any]] = []
         self._verified = False
         self._staging: dict[str, Any] | None = None
+        self._staging_version: int | None = None
         self._beat = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,8 +115,8 @@ class WeightSubscriber:
 
     def poll_once(self) -> bool:
         """Adopt LATEST if it is newer; True when a new version is being served."""
-        latest = latest_version(self.store)
         cur = self.sink.version()
+        latest, hint = read_latest(self.store, known=cur)
         if time.time() - self._beat > self.lease_ttl_s / 4:
             self._renew(cur)
         if latest is None or latest <= cur:
@@ -125,8 +126,12 @@ class WeightSubscriber:
         live = self.sink.live()
         if self._staging is None:
             self._staging = {k: t.detach().clone() for k, t in live.items()}
+            self._staging_version = cur
+        # staging still equal to the live weights: decode in place, no copy of what did not change
+        base = self._staging if self._staging_version == cur else live
+        self._staging_version = None
         try:
-            got = reach(self.reader, latest, cur, live, self._staging, trusted_base=self._verified)
+            got = reach(self.reader, latest, cur, base, self._staging, self._verified, hint, pristine=live)
         except LookupError as e:
             self.errors.append(str(e))
             return False
@@ -134,10 +139,12 @@ class WeightSubscriber:
         ready = time.perf_counter()
         pause = self.sink.stage(latest, {k: got.state[k] for k in got.changed})
         self._verified = True
+        self._staging_version = latest if set(got.state) == set(live) else None
         self.adopted.append(
             {
                 "version": latest,
                 "from": cur,
+                "at": time.time(),
                 "path": [f"{s.version}:{s.encoding}" for s in got.path],
                 "bytes": self.reader.stats.bytes_fetched - fetched0,
                 "ready_s": ready - t0,

@@ -4,7 +4,8 @@ Layout (keys in the store)::
 
     weights/<v:08d>/manifest.json           written last: the version exists once this does
     weights/<v:08d>/<encoding>-<i:05d>-<sha16>.bin   shards: coded tensors, back to back
-    weights/LATEST                          newest version number; moved after its manifest
+    weights/LATEST                          newest version number (first line), then a copy of its
+                                            manifest, so one GET tells a poller what to fetch
     weights/subscribers/<name>.json         a subscriber's adopted version and heartbeat
 
 A *version* is an integer training step (0 = the base model). Its manifest lists every tensor
@@ -144,6 +145,21 @@ class Manifest:
         if unknown or not m.encodings:
             raise ValueError(f"weights manifest of version {version}: encodings {sorted(m.encodings)}")
         return m
+
+
+def latest_bytes(version: int, manifest: bytes) -> bytes:
+    """The content of ``weights/LATEST``: the version on the first line, its manifest after it."""
+    return f"{version}\n".encode() + manifest
+
+
+def parse_latest(data: bytes) -> tuple[int, Manifest | None]:
+    """(version, manifest) from ``weights/LATEST`` (a bare version number has no manifest)."""
+    head, _, rest = data.partition(b"\n")
+    try:
+        version = int(head.decode().strip())
+    except ValueError as e:
+        raise ValueError(f"weights/LATEST holds {head[:40]!r}, not a version number") from e
+    return version, Manifest.from_bytes(rest, version) if rest.strip() else None
 
 
 @dataclass

@@ -39,15 +39,28 @@ from shipyard.weights.types import (
     Manifest,
     ShardEntry,
     manifest_key,
+    parse_latest,
     shard_key,
     state_digest,
 )
 
 
+def read_latest(store: Store, known: int | None = None) -> tuple[int | None, Manifest | None]:
+    """LATEST's version and the copy of its manifest ((None, None) before any version). With
+    ``known``, a poll first reads only LATEST's first line and fetches the manifest copy only
+    when the version is newer than ``known`` (polls stay a few bytes however large the model)."""
+    try:
+        if known is not None:
+            head = store.get_range(LATEST_KEY, 0, 24).partition(b"\n")[0]
+            if head.strip().isdigit() and int(head) <= known:
+                return int(head), None
+        return parse_latest(store.get(LATEST_KEY))
+    except FileNotFoundError:
+        return None, None
+
+
 def latest_version(store: Store) -> int | None:
-    if not store.exists(LATEST_KEY):
-        return None
-    return int(store.get(LATEST_KEY).decode().strip())
+    return read_latest(store)[0]
 
 
 def published_versions(store: Store) -> list[int]:
@@ -63,17 +76,33 @@ def read_manifest(store: Store, version: int) -> Manifest:
     return Manifest.from_bytes(store.get(manifest_key(version)), version)
 
 
-def read_manifests(store: Store, upto: int | None = None) -> dict[int, Manifest]:
-    """Every readable manifest (up to ``upto``); ones deleted or unreadable meanwhile are left out."""
-    out = {}
-    for v in published_versions(store):
-        if upto is not None and v > upto:
-            continue
+def read_manifests(
+    store: Store, upto: int | None = None, cache: dict[int, Manifest] | None = None, connections: int = 8
+) -> dict[int, Manifest]:
+    """Every readable manifest (up to ``upto``); ones deleted or unreadable meanwhile are left out.
+    Manifests never change once written, so those in ``cache`` are not fetched again (missing ones
+    are fetched ``connections`` at a time and added; deleted ones are dropped from it)."""
+    listed = [v for v in published_versions(store) if upto is None or v <= upto]
+    cache = {} if cache is None else cache
+    for v in [v for v in cache if v not in listed and (upto is None or v <= upto)]:
+        del cache[v]
+
+    def one(v: int) -> None:
         try:
-            out[v] = read_manifest(store, v)
+            cache[v] = read_manifest(store, v)
         except (FileNotFoundError, ValueError):
-            continue
-    return out
+            return
+
+    todo = [v for v in listed if v not in cache]
+    if len(todo) > 1:
+        with ThreadPoolExecutor(
+            max_workers=min(connections, len(todo)), thread_name_prefix="manifests"
+        ) as pool:
+            list(pool.map(one, todo))
+    else:
+        for v in todo:
+            one(v)
+    return {v: cache[v] for v in listed if v in cache}
 
 
 @dataclass(frozen=True)
@@ -153,12 +182,18 @@ class VersionReader:
         self.chunk_bytes = chunk_bytes
         self.workers = workers
         self.stats = ReadStats()
+        self.manifests: dict[int, Manifest] = {}
+        self.memo: dict[tuple[int, str], bytes] | None = None
+        """When set, shards fetched are kept here and served from it (a relay reads a step twice)."""
+        """Manifests seen so far (immutable once written), so a poll costs LATEST and the shards."""
         self.on_shard: Callable[[int, ShardEntry, bytes], None] | None = None
         """Called with every verified shard (a relay copies it into its mirror)."""
 
     def shard(self, version: int, shard: ShardEntry) -> bytes:
         """The verified bytes of one shard."""
         key = shard_key(version, shard.name)
+        if self.memo is not None and (version, shard.name) in self.memo:
+            return self.memo[(version, shard.name)]
         t0 = time.perf_counter()
         if self.cache_dir is not None:
             dest = self.cache_dir / f"{version:08d}" / shard.name
@@ -180,6 +215,8 @@ class VersionReader:
             self.stats.fetch_s += time.perf_counter() - t0
         if self.on_shard is not None:
             self.on_shard(version, shard, data)
+        if self.memo is not None:
+            self.memo[(version, shard.name)] = data
         return data
 
     def apply(
@@ -292,15 +329,21 @@ def reach(
     base: Mapping[str, Any] | None,
     out: dict[str, Any] | None,
     trusted_base: bool = False,
+    hint: Manifest | None = None,
+    pristine: Mapping[str, Any] | None = None,
 ) -> Reached:
     """Bring ``base`` (at ``base_version``) to ``target`` along the cheapest path, recovering from
-    bad edges; see the module contract. ``out`` receives the result (None: fresh tensors)."""
+    bad edges; see the module contract. ``out`` receives the result (None: fresh tensors);
+    ``hint`` is the target's manifest when the caller has it (the copy in LATEST). ``out`` may be
+    ``base`` itself (decode in place, no copy of the untouched elements) when ``pristine`` holds
+    the same version elsewhere: after a failure the retry starts from ``pristine``."""
     bad: set[tuple[int, str]] = set()
     errors: list[str] = []
+    if hint is not None and hint.version == target:
+        reader.manifests[target] = hint
     while True:
-        manifests = read_manifests(reader.store, upto=target)
         have = base_version if base is not None else None
-        path = plan_path(manifests, have, target, bad)  # LookupError when nothing is left
+        manifests, path = plan_steps(reader, have, target, bad)
         base_digests = (
             {k: t.digest for k, t in manifests[have].tensors.items()}
             if trusted_base and have in manifests
@@ -326,6 +369,30 @@ def reach(
             assert step is not None
             errors.append(f"version {step.version} {step.encoding}: {e}")
             bad.add((step.version, step.encoding))
+            if base is out and base is not None:
+                if pristine is None:
+                    raise ValueError(
+                        f"{errors[-1]}; the base was decoded in place and cannot be retried"
+                    ) from e
+                base = pristine
+
+
+def plan_steps(
+    reader: VersionReader, have: int | None, target: int, bad: set[tuple[int, str]]
+) -> tuple[dict[int, Manifest], list[Step]]:
+    """Manifests and the cheapest path. A reader that follows every version knows the one or two
+    deltas it needs from manifests it has seen, so it plans without listing the store; otherwise
+    (or after a failure) it lists and fetches the manifests it lacks. ``LookupError`` if no path."""
+    if not bad:
+        known = {v: m for v, m in reader.manifests.items() if v <= target}
+        try:
+            path = plan_path(known, have, target)
+            if len(path) <= 2 and all(s.encoding == "delta" for s in path):
+                return known, path
+        except LookupError:
+            pass
+    manifests = read_manifests(reader.store, target, reader.manifests, reader.connections)
+    return manifests, plan_path(manifests, have, target, bad)
 
 
 def load_version(store: Store, version: int, workers: int = 2) -> dict[str, Any]:
@@ -342,6 +409,7 @@ __all__ = [
     "plan_path",
     "published_versions",
     "read_manifest",
+    "read_latest",
     "read_manifests",
     "reach",
 ]
