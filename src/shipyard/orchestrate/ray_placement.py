@@ -2,7 +2,8 @@
 
 Contract: see :mod:`shipyard.orchestrate.base`. With ``run.ray_address`` unset a local Ray
 instance is started (sized so every actor fits on this machine); with an address the same
-config joins that cluster. Actors ask for the CPUs their torch threads use; rollout workers ask
+config joins that cluster (a token-authenticated cluster needs ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN`` in the driver's environment, as Ray documents). Actors ask for the CPUs their torch threads use; rollout workers ask
 for none (they wait on HTTP and sandboxes). Actor logs stay in Ray's session log directory so
 the driver's live table stays readable; actor errors surface through ``trainer_result``.
 """
@@ -53,6 +54,17 @@ class _TrainerActor:
         return run_trainer(self.cfg, open_store(self.cfg.store), self.run_dir)
 
 
+def _loopback_host(address: str) -> str | None:
+    """The driver's node IP when the cluster runs on loopback, else None (Ray detects it).
+
+    Ray otherwise takes this machine's outward interface as the driver's node and finds no
+    raylet there. Use a loopback address other than 127.0.0.1 (e.g. 127.0.0.2): Ray rewrites
+    "127.0.0.1" and "localhost" to the outward interface.
+    """
+    host = address.rsplit(":", 1)[0]
+    return host if host.startswith("127.") else None
+
+
 class RayPlacement:
     def __init__(self, cfg: ShipyardConfig, run_dir: Path) -> None:
         import ray
@@ -66,7 +78,12 @@ class RayPlacement:
         self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
         if not ray.is_initialized():
             if cfg.run.ray_address:
-                ray.init(address=cfg.run.ray_address, log_to_driver=False)
+                ray.init(
+                    address=cfg.run.ray_address,
+                    _node_ip_address=_loopback_host(cfg.run.ray_address),
+                    log_to_driver=False,
+                    runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+                )
             else:
                 need = cfg.trainer.threads + cfg.inference.num_servers * cfg.inference.threads
                 ray.init(
