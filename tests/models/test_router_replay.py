@@ -1,4 +1,7 @@
-"""Router replay seam on Qwen3-MoE, Mixtral and DeepSeek-V3 tiny models, and the routes codec."""
+"""Router replay seam on Qwen3-MoE, Mixtral and DeepSeek-V3 tiny models, the routes codec, and the
+adapters for vLLM's and SGLang's returned routed experts (hand-built samples in their formats)."""
+
+import base64
 
 import numpy as np
 import pytest
@@ -6,7 +9,7 @@ import torch
 
 from shipyard.models.loading import build_tiny
 from shipyard.models.router_replay import RouterSeam, gate_weights, moe_routers, route_mismatch
-from shipyard.models.routes import decode_routes, encode_routes
+from shipyard.models.routes import decode_routes, encode_routes, routes_from_sglang, routes_from_vllm
 
 KINDS = ("moe", "mixtral", "deepseek_v3")
 VOCAB = 300
@@ -160,3 +163,44 @@ def test_routes_reject_bad_records() -> None:
         decode_routes({"v": 1})
     with pytest.raises(ValueError, match="must be in \\[0, 8\\)"):
         encode_routes(np.full((1, 1, 2), 8), [0], 8)
+
+
+def test_vllm_adapter_maps_prompt_and_generated_routes() -> None:
+    # vLLM /v1/completions with --enable-return-routed-experts: nested lists, MoE layers only
+    response = {
+        "prompt_routed_experts": [
+            [[0, 3], [5, 1]],
+            [[2, 7], [4, 6]],
+            [[1, 0], [7, 6]],
+        ],  # 3 prompt tokens
+        "choices": [{"routed_experts": [[[6, 2], [0, 1]], [[3, 4], [2, 5]]]}],  # 2 generated tokens
+    }
+    record = routes_from_vllm(
+        response["prompt_routed_experts"], response["choices"][0]["routed_experts"], [1, 3], 8
+    )
+    ids = decode_routes(record)
+    assert record["layers"] == [1, 3] and record["n"] == 4  # the last generated token is never forwarded
+    assert ids.tolist() == [[[0, 3], [5, 1]], [[2, 7], [4, 6]], [[1, 0], [7, 6]], [[6, 2], [0, 1]]]
+    with pytest.raises(ValueError, match="MoE layers"):
+        routes_from_vllm(response["prompt_routed_experts"], response["choices"][0]["routed_experts"], [1], 8)
+
+
+def test_sglang_adapter_decodes_base64_and_keeps_moe_layers() -> None:
+    # SGLang meta_info: base64 of flat int32 [positions, all 3 decoder layers, top_k 2]; layer 0 dense
+    flat = np.array(
+        [[[-1, -1], [1, 2], [3, 4]], [[-1, -1], [5, 6], [7, 0]], [[-1, -1], [2, 3], [4, 5]]],
+        dtype=np.int32,
+    )
+    meta_info = {"routed_experts": base64.b64encode(flat.tobytes()).decode(), "prompt_tokens": 2}
+    record = routes_from_sglang(meta_info, num_layers=3, top_k=2, moe_layers=[1, 2], num_experts=8)
+    assert record["n"] == 3 and record["dtype"] == "uint8"
+    assert decode_routes(record).tolist() == flat[:, 1:, :].tolist()
+    as_u16 = {
+        "routed_experts": base64.b64encode(flat[:, 1:].astype("<u2").tobytes()).decode(),
+        "routed_experts_dtype": "uint16",
+    }
+    assert decode_routes(routes_from_sglang(as_u16, 2, 2, [0, 1], 8)).tolist() == flat[:, 1:, :].tolist()
+    with pytest.raises(ValueError, match="return_routed_experts=True"):
+        routes_from_sglang({}, 3, 2, [1, 2], 8)
+    with pytest.raises(ValueError, match="not a multiple"):
+        routes_from_sglang(meta_info, num_layers=4, top_k=2, moe_layers=[1], num_experts=8)

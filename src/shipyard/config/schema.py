@@ -35,7 +35,11 @@ class ModelConfig(_Section):
     cache_dir: str = "~/.cache/shipyard/models"
     """Where the converted SmolLM2 safetensors directory is cached (`~` is expanded)."""
     seed: int = 0
-    """Seed for the tiny random model's initialisation."""
+    """Seed for the tiny random model's initialisation (and for the upcycled experts and router)."""
+    upcycle_experts: int = Field(0, ge=0)
+    """> 0: sparse-upcycle the loaded Llama policy (e.g. SmolLM2) into a Mixtral MoE with this many
+    experts per layer, top-2, each a copy of the dense MLP jittered by 2% (`models.loading.upcycle_to_moe`):
+    a small MoE that can already solve tasks, for router-replay runs. 0 = the model as loaded."""
 
 
 class SamplingConfig(_Section):

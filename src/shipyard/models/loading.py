@@ -159,5 +159,69 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
     else:
         path = _hf_dir(cfg) if cfg.source == "hf" else smollm2_dir(cfg.cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if cfg.upcycle_experts:
+        model = upcycle_to_moe(model, cfg.upcycle_experts, seed=cfg.seed)
     model.eval()
     return model, tok
+
+
+def upcycle_to_moe(dense: Any, experts: int, top_k: int = 2, noise: float = 0.02, seed: int = 0) -> Any:
+    """Sparse upcycling of a Llama policy into a Mixtral MoE (Komatsuzaki et al., 2022).
+
+    Every decoder MLP becomes ``experts`` copies of itself, expert ``e``'s matrices scaled
+    element-wise by ``1 + noise * N(0, 1)`` (so experts differ and routing matters), with a random
+    router (std 0.02) choosing ``top_k``; attention, norms and embeddings are copied unchanged.
+    With ``noise = 0`` the MoE computes exactly the dense model (the renormalised top-k weights sum
+    to 1 over identical experts). Deterministic for a given ``seed``: every process that builds it
+    gets the same weights. Returns an fp32 ``MixtralForCausalLM`` in eval mode.
+    """
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    dc = dense.config
+    if dc.model_type != "llama" or getattr(dc, "mlp_bias", False):
+        raise ValueError(f"model.upcycle_experts needs a bias-free Llama policy, got {dc.model_type}")
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"upcycling needs 1 <= top_k <= experts, got top_k={top_k}, experts={experts}")
+    cfg = MixtralConfig(
+        **{k: getattr(dc, k) for k in _LLAMA_SHARED},
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        sliding_window=None,
+    )
+    moe = MixtralForCausalLM(cfg).to(torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: v for k, v in dense.state_dict().items() if ".mlp." not in k}
+    with torch.no_grad():
+        for i, layer in enumerate(dense.model.layers):
+            mlp = layer.mlp
+            gate_up_2IH = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            jitter = (lambda w: w * (1 + noise * torch.randn(w.shape, generator=gen))) if noise else (lambda w: w)
+            prefix = f"model.layers.{i}.mlp"
+            state[f"{prefix}.experts.gate_up_proj"] = torch.stack([jitter(gate_up_2IH) for _ in range(experts)])
+            state[f"{prefix}.experts.down_proj"] = torch.stack([jitter(mlp.down_proj.weight) for _ in range(experts)])
+            state[f"{prefix}.gate.weight"] = 0.02 * torch.randn((experts, dc.hidden_size), generator=gen)
+    missing, unexpected = moe.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ValueError(f"upcycling left weights unmatched: missing {missing}, unexpected {unexpected}")
+    moe.tie_weights()
+    return moe.eval()
+
+
+_LLAMA_SHARED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)

@@ -78,3 +78,53 @@ def decode_routes(record: dict[str, Any]) -> np.ndarray:
             f"{n * layers * k * dtype.itemsize}"
         )
     return np.frombuffer(raw, dtype=dtype).reshape(n, layers, k)
+
+
+def routes_from_vllm(
+    prompt_routed_experts: Any, routed_experts: Any, moe_layers: list[int], num_experts: int
+) -> dict[str, Any]:
+    """A route record from vLLM's returned routed experts (``--enable-return-routed-experts``).
+
+    vLLM returns ``prompt_routed_experts`` (``[prompt_len, num_moe_layers, top_k]``, response level)
+    and per choice ``routed_experts`` (``[gen_len, num_moe_layers, top_k]``), int16 ids as nested
+    JSON lists on the OpenAI server or arrays from the offline API; its layer axis already holds
+    the MoE layers only, in order (pass their decoder-layer indices as ``moe_layers``). The record
+    covers prompt + generated positions except the last generated token, which is never forwarded.
+    """
+    prompt = np.asarray(prompt_routed_experts, dtype=np.int64)
+    gen = np.asarray(routed_experts, dtype=np.int64)
+    for name, arr in (("prompt_routed_experts", prompt), ("routed_experts", gen)):
+        if arr.ndim != 3 or arr.shape[1] != len(moe_layers):
+            raise ValueError(
+                f"vLLM {name} must be [tokens, {len(moe_layers)} MoE layers, top_k], got {arr.shape}"
+            )
+    if prompt.shape[2] != gen.shape[2]:
+        raise ValueError(f"vLLM top_k differs: prompt {prompt.shape[2]}, generated {gen.shape[2]}")
+    ids = np.concatenate([prompt, gen])
+    return encode_routes(ids[: max(len(ids) - 1, 0)] if len(gen) else ids, moe_layers, num_experts)
+
+
+def routes_from_sglang(
+    meta_info: dict[str, Any], num_layers: int, top_k: int, moe_layers: list[int], num_experts: int
+) -> dict[str, Any]:
+    """A route record from SGLang's ``meta_info["routed_experts"]`` (``return_routed_experts=True``).
+
+    SGLang sends base64 of the flat row-major ``[positions, num_layers, top_k]`` array over ALL
+    decoder layers (dense layers hold placeholders), int32 unless ``meta_info["routed_experts_dtype"]``
+    names another dtype; ``positions = prompt_len + output_len - 1`` (every forwarded token). The
+    record keeps the MoE layers ``moe_layers`` (decoder-layer indices) only.
+    """
+    if "routed_experts" not in meta_info:
+        raise ValueError(
+            "SGLang meta_info has no 'routed_experts': send the request with return_routed_experts=True"
+        )
+    dtype = np.dtype(meta_info.get("routed_experts_dtype") or "int32")
+    flat = np.frombuffer(base64.b64decode(meta_info["routed_experts"]), dtype=dtype)
+    if flat.size % (num_layers * top_k):
+        raise ValueError(
+            f"SGLang routed_experts holds {flat.size} ids, not a multiple of num_layers*top_k = {num_layers * top_k}"
+        )
+    if any(not 0 <= i < num_layers for i in moe_layers):
+        raise ValueError(f"moe_layers {moe_layers} must index the model's {num_layers} decoder layers")
+    ids = flat.reshape(-1, num_layers, top_k)[:, moe_layers, :]
+    return encode_routes(ids.astype(np.int64), moe_layers, num_experts)
