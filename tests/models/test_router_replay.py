@@ -204,3 +204,19 @@ def test_sglang_adapter_decodes_base64_and_keeps_moe_layers() -> None:
         routes_from_sglang({}, 3, 2, [1, 2], 8)
     with pytest.raises(ValueError, match="not a multiple"):
         routes_from_sglang(meta_info, num_layers=4, top_k=2, moe_layers=[1], num_experts=8)
+
+
+def test_upcycled_moe_without_jitter_computes_the_dense_model() -> None:
+    from shipyard.models.loading import upcycle_to_moe
+
+    dense = build_tiny("dense", VOCAB, seed=8).eval()
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want = dense(input_ids=ids).logits
+        same = upcycle_to_moe(dense, experts=4, noise=0.0)(input_ids=ids).logits
+        jittered = upcycle_to_moe(dense, experts=4, noise=0.05, seed=1)
+        moved = jittered(input_ids=ids).logits
+    assert (same - want).abs().max() < 1e-5  # identical experts: routing cannot matter
+    assert (moved - want).abs().max() > 1e-3 and [i for i, _ in moe_routers(jittered)] == [0, 1]
+    again = upcycle_to_moe(dense, experts=4, noise=0.05, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(jittered.parameters(), again.parameters(), strict=True))

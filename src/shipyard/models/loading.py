@@ -196,10 +196,16 @@ def upcycle_to_moe(dense: Any, experts: int, top_k: int = 2, noise: float = 0.02
         for i, layer in enumerate(dense.model.layers):
             mlp = layer.mlp
             gate_up_2IH = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-            jitter = (lambda w: w * (1 + noise * torch.randn(w.shape, generator=gen))) if noise else (lambda w: w)
+            jitter = (
+                (lambda w: w * (1 + noise * torch.randn(w.shape, generator=gen))) if noise else (lambda w: w)
+            )
             prefix = f"model.layers.{i}.mlp"
-            state[f"{prefix}.experts.gate_up_proj"] = torch.stack([jitter(gate_up_2IH) for _ in range(experts)])
-            state[f"{prefix}.experts.down_proj"] = torch.stack([jitter(mlp.down_proj.weight) for _ in range(experts)])
+            state[f"{prefix}.experts.gate_up_proj"] = torch.stack(
+                [jitter(gate_up_2IH) for _ in range(experts)]
+            )
+            state[f"{prefix}.experts.down_proj"] = torch.stack(
+                [jitter(mlp.down_proj.weight) for _ in range(experts)]
+            )
             state[f"{prefix}.gate.weight"] = 0.02 * torch.randn((experts, dc.hidden_size), generator=gen)
     missing, unexpected = moe.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
