@@ -191,3 +191,5 @@ def test_worker_plays_db_tasks_on_per_rollout_clones(tmp_path: Path) -> None:
     assert len(sessions) == 2 and all(t.error is None for t in sessions), [t.error for t in sessions]
     assert all(t.task_id.startswith("db-") and set(t.reward_components) == {"tests"} for t in sessions)
     assert all(t.reward_info["source"] == "db" and "total" in t.reward_info for t in sessions)
+    [(gid, means)] = batch.group_components().items()
+    assert gid == sessions[0].group_id and means == {"tests": sum(t.reward for t in sessions) / 2}

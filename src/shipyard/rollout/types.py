@@ -51,6 +51,16 @@ class RolloutBatch:
         trajs = [Trajectory.from_json(t) for t in d.pop("trajectories")]
         return RolloutBatch(trajectories=trajs, **d)
 
+    def group_components(self) -> dict[str, dict[str, float]]:
+        """Per group: the mean of each reward component over its sessions (``Trajectory.reward_components``
+        of first segments; a component some sessions lack is averaged over those that have it)."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for t in self.trajectories:
+            if t.segment_idx == 0:
+                for name, value in t.reward_components.items():
+                    out.setdefault(t.group_id, {}).setdefault(name, []).append(value)
+        return {g: {n: sum(v) / len(v) for n, v in comps.items()} for g, comps in out.items()}
+
     def groups(self) -> dict[str, list[Trajectory]]:
         out: dict[str, list[Trajectory]] = {}
         for t in self.trajectories:

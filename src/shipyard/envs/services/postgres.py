@@ -201,7 +201,8 @@ class PostgresService:
         own_psql = os.path.join(self.bin_dir, "psql")
         self.psql_bin = own_psql if os.access(own_psql, os.X_OK) else shutil.which("psql") or "psql"
         user = pwd.getpwnam(self.cfg.run_as) if os.getuid() == 0 else pwd.getpwuid(os.getuid())
-        self._run_as = ["runuser", "-u", user.pw_name, "--"] if os.getuid() == 0 else []
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+        self._run_as = [runuser, "-u", user.pw_name, "--"] if os.getuid() == 0 else []
         parent = _parent_dir(self.cfg, user.pw_uid)
         _reap_once(self.bin_dir, parent, tuple(self._run_as))
         self.root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent)
@@ -346,22 +347,24 @@ class PostgresService:
         """A database cloned from ``task``'s template and a role that reaches only it."""
         template = self.template(task.setup.get("postgres", ""))
         name, password = f"r_{secrets.token_hex(6)}", secrets.token_hex(16)
-        self.psql(
-            f"CREATE ROLE {name} LOGIN PASSWORD {_sql_literal(password)} IN ROLE {OWNER} CONNECTION LIMIT 16;\n"
-            f"CREATE DATABASE {name} TEMPLATE {template} OWNER {name};\n"
-        )
+        lease = ServiceLease(service=self.name, info={"database": name, "template": template})
         sock = os.path.join(self.lease_root, name)
-        os.mkdir(sock, 0o755)
-        os.link(os.path.join(self.socket_dir, f".s.PGSQL.{PORT}"), os.path.join(sock, f".s.PGSQL.{PORT}"))
-        conf = (
-            f"[{SERVICE}]\nhost={SOCKET_DIR}\nport={PORT}\ndbname={name}\nuser={name}\npassword={password}\n"
-        )
-        return ServiceLease(
-            service=self.name,
-            binds={sock: SOCKET_DIR},
-            files={SERVICE_FILE: conf},
-            info={"database": name, "template": template},
-        )
+        try:
+            self.psql(
+                f"CREATE ROLE {name} LOGIN PASSWORD {_sql_literal(password)} IN ROLE {OWNER} CONNECTION LIMIT 16;\n"
+                f"CREATE DATABASE {name} TEMPLATE {template} OWNER {name};\n"
+            )
+            os.mkdir(sock, 0o755)
+            os.link(os.path.join(self.socket_dir, f".s.PGSQL.{PORT}"), os.path.join(sock, f".s.PGSQL.{PORT}"))
+        except BaseException:
+            self.release(lease)  # drops whatever part was made
+            raise
+        lease.binds = {sock: SOCKET_DIR}
+        lease.files = {
+            SERVICE_FILE: f"[{SERVICE}]\nhost={SOCKET_DIR}\nport={PORT}\ndbname={name}\nuser={name}\n"
+            f"password={password}\n"
+        }
+        return lease
 
     def release(self, lease: ServiceLease) -> None:
         """Drop the lease's database (closing its connections) and role; idempotent."""
