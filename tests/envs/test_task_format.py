@@ -11,6 +11,7 @@ names the file, the task and the field; a run's extra training tasks come from
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ import pytest
 from shipyard.config.schema import SandboxConfig, TasksConfig
 from shipyard.envs.db_tasks import MIGRATION_FILE, grade_db
 from shipyard.envs.grader import grade
-from shipyard.envs.repo_tasks import PROTECTED, RepoCache, grade_repo
+from shipyard.envs.repo_tasks import PROTECTED, RepoCache, grade_repo, make_patch
 from shipyard.envs.services.base import ServicePool
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.envs.task_format import extra_training_tasks, load_task_file
+from shipyard.envs.task_format import check_references, extra_training_tasks, load_task_file, main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs/examples/tasks.toml"
@@ -42,11 +43,14 @@ def test_example_file_loads_and_its_function_reference_passes() -> None:
 
 
 @pytest.mark.skipif(postgres_available() is not None, reason=str(postgres_available()))
-def test_example_db_task_is_graded_against_postgres() -> None:
+def test_example_db_task_is_graded_against_postgres(capsys: pytest.CaptureFixture[str]) -> None:
     db = load_task_file(EXAMPLE)[1]
     with ServicePool() as pool:
-        assert grade_db(db, {MIGRATION_FILE: db.reference}, pool, CFG).reward == 1.0
         assert grade_db(db, {MIGRATION_FILE: "SELECT 1;"}, pool, CFG).reward == 0.0
+    assert main([str(EXAMPLE)]) == 0  # every reference earns 1.0 under the production graders
+    out = capsys.readouterr().out
+    assert "example-clamp (function): reference reward 1.000" in out
+    assert "example-email-lowercase (db): reference reward 1.000" in out
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -88,6 +92,12 @@ def test_repo_task_from_a_local_repository(tmp_path: Path) -> None:
         fixed = {**task.files, "calc/ops.py": "def double(x):\n    return 2 * x\n"}
         assert grade_repo(task, fixed, CFG, cache).reward == 1.0
         assert grade_repo(task, dict(task.files), CFG, cache).reward == 0.0
+    assert check_references([task]) == {}  # no reference: skipped
+    fix = replace(task, reference=make_patch(task.files, fixed))
+    unrelated = replace(
+        task, id="calc-notes", reference=make_patch(task.files, {**task.files, "NOTES.md": "x\n"})
+    )
+    assert check_references([fix, unrelated]) == {"calc-double": 1.0, "calc-notes": 0.0}
 
 
 BAD: list[tuple[str, str]] = [

@@ -14,7 +14,9 @@ files (history, other refs and untracked files are not carried: see
 :func:`shipyard.envs.repo_tasks.squash_repository`). Repo tasks get
 :data:`shipyard.envs.repo_tasks.PROTECTED` when they list no ``protected`` patterns; db tasks get
 ``services = ["postgres"]`` when they list none. :func:`extra_training_tasks` builds the tasks a
-run adds to its training set from ``tasks.num_db``, ``tasks.num_repo`` and ``tasks.files``.
+run adds to its training set from ``tasks.num_db``, ``tasks.num_repo`` and ``tasks.files``;
+:func:`check_references` grades every task's ``reference`` with the production graders
+(``python -m shipyard.envs.task_format FILE...`` prints them and exits 1 if one earns less than 1).
 
 Example::
 
@@ -33,7 +35,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from shipyard.config.schema import TasksConfig
+from shipyard.config.schema import SandboxConfig, TasksConfig
 from shipyard.envs.rewards.hidden_tests import TASK_KINDS
 from shipyard.envs.services.base import SERVICE_NAMES
 from shipyard.envs.types import Task
@@ -216,3 +218,52 @@ def extra_training_tasks(cfg: TasksConfig) -> list[Task]:
     if dup:
         raise ValueError(f"tasks.files: task ids {dup} appear in more than one file; ids must be unique")
     return out
+
+
+def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dict[str, float]:
+    """Task id -> reward of its ``reference`` under the production graders (tasks without one are skipped).
+
+    A reference is ``solution.py`` for function tasks, the fixing diff for repo tasks and
+    ``migration.sql`` for db tasks; every one should earn 1.0.
+    """
+    from shipyard.envs.repo_tasks import RepoCache, apply_patch_locally
+    from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
+    from shipyard.envs.services.base import ServicePool
+
+    cfg = cfg if cfg is not None else SandboxConfig()
+    out: dict[str, float] = {}
+    with ServicePool() as pool, RepoCache() as repos:
+        ctx = GradingContext(cfg, pool, repos)
+        for task in tasks:
+            if not task.reference:
+                continue
+            if task.kind == "repo":
+                files = apply_patch_locally(task.files, task.reference)
+            else:
+                name = "migration.sql" if task.kind == "db" else "solution.py"
+                files = {**task.files, name: task.reference}
+            out[task.id] = hidden_tests_reward(task, files, ctx).reward
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m shipyard.envs.task_format FILE...``: validate task files and grade their references."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Validate task files and grade their reference solutions.")
+    ap.add_argument("files", nargs="+", help=".toml / .json / .jsonl task files (docs/tasks.md)")
+    args = ap.parse_args(argv)
+    failed = 0
+    for path in args.files:
+        tasks = load_task_file(path)
+        rewards = check_references(tasks)
+        for task in tasks:
+            reward = rewards.get(task.id)
+            shown = "no reference" if reward is None else f"reference reward {reward:.3f}"
+            print(f"{path}: {task.id} ({task.kind}): {shown}")
+            failed += reward is not None and reward < 1.0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
