@@ -139,18 +139,18 @@ class SessionHooks:
     def commands(self) -> list[str]:
         return [cmd for sb in self.sandboxes for cmd in sb.commands]
 
-    def sandbox_factory(self, files: dict[str, str]) -> Sandbox:
-        """The session's sandbox for ``task``'s kind, starting from ``files``."""
+    def sandbox_factory(self, files: dict[str, str]) -> Any:
+        """The session's sandbox for ``task``'s kind, starting from ``files`` (a :class:`RecordingSandbox`)."""
         from shipyard.envs.sandbox import BwrapSandbox
 
         task, cfg = self.task, self.env.sandbox
+        leases = self._lease() if task.services else {}
+        files, binds = {**files, **lease_files(leases)}, lease_binds(leases)
         if task.kind == "repo":
             extra = {p: t for p, t in files.items() if task.files.get(p) != t}
-            inner: Any = BwrapSandbox(extra, cfg, base=self.env.repos.path(task))
-        elif task.services:
-            leases = self._lease()
-            files = {**files, **lease_files(leases)}
-            inner = BwrapSandbox(files, cfg, binds=lease_binds(leases))
+            inner: Any = BwrapSandbox(extra, cfg, base=self.env.repos.path(task), binds=binds)
+        elif leases:
+            inner = BwrapSandbox(files, cfg, binds=binds)
         elif self._factory is not None:
             inner = self._factory(files)
         else:
@@ -158,7 +158,7 @@ class SessionHooks:
         with self._lock:
             self.original = dict(files)
             self.sandboxes.append(RecordingSandbox(inner))
-            return self.sandboxes[-1]  # type: ignore[return-value]
+            return self.sandboxes[-1]
 
     def _lease(self) -> Mapping[str, ServiceLease]:
         with self._lock:
