@@ -1,0 +1,373 @@
+"""Benchmark: sampler/trainer mismatch of a tiny MoE with and without router replay, a dense
+model beside it, and the cost of the engine's deterministic (batch-invariant) mode.
+
+Contract: the tiny Qwen3-MoE (``model.tiny = "moe"``: 2 MoE layers, 8 experts, top-2) and the
+tiny dense Llama of similar size (``"dense"``) are first trained briefly (AdamW, next-token loss
+on Python standard-library source, plus the MoE load-balancing loss) so routing is not trivial
+(expert-usage entropy reported). Then a bf16 copy of each samples continuations of held-out
+source prompts through :class:`~shipyard.inference.engine.EmbeddedEngine` (temperature 1), the
+requests shuffled into batches of random sizes (varied batch composition, left padding), with
+per-token logprobs μ and, for the MoE, the routes of every forwarded token. The fp32 trainer
+recomputes π_old of the sampled tokens (:func:`~shipyard.trainer.logprobs.token_logprobs`):
+without replay (its own routing, compared with the sampler's) and with the sampler's routes
+replayed through :class:`~shipyard.models.router_replay.RouterSeam`. Reported (the same
+:class:`~shipyard.trainer.mismatch.MismatchAccumulator` the trainer logs): k3 and k1 mismatch
+KL, |Δp|, routing disagreement (fraction of the sampler's expert choices the trainer's forward
+used differently; per layer; tokens with any difference), and for the dense model the same k3.
+Deterministic mode: the same request set generated batched and with ``deterministic=True``,
+wall-clock ratio, plus a bit-exactness check of one request across batch compositions.
+
+Writes ``benchmarks/results/mismatch.json`` with ``moe_k3_no_replay``, ``moe_k3_replay``,
+``moe_routing_disagreement_no_replay``, ``moe_routing_disagreement_replay``, ``dense_k3``,
+``deterministic_slowdown`` and the details; prints rich tables.
+
+Limits: CPU here (``--device cuda`` for a GPU run, recorded with its name); tiny models, so
+absolute figures are small-model figures; the timings share the machine with other work.
+
+Usage::
+
+    .venv/bin/python benchmarks/mismatch.py            # 200 training steps, 48 samples per model
+    .venv/bin/python benchmarks/mismatch.py --quick    # 20 steps, 8 samples (about a minute idle)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import random
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from shipyard.config.schema import ModelConfig
+from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
+from shipyard.models.loading import load_model
+from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
+from shipyard.trainer.corrections import no_correction
+from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
+from shipyard.trainer.mismatch import MismatchAccumulator
+
+TRAIN_FILES = ("textwrap.py", "functools.py", "heapq.py", "bisect.py", "fractions.py", "shlex.py")
+HELDOUT_FILES = ("statistics.py", "colorsys.py")
+
+
+def corpus_ids(tok: Any, names: tuple[str, ...]) -> list[int]:
+    """SmolLM2 token ids of standard-library source files (real code, always on disk)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "\n".join((stdlib / n).read_text(encoding="utf-8") for n in names)
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def compact_vocab(train: list[int], heldout: list[int], size: int) -> tuple[list[int], list[int]]:
+    """Map token ids onto ``[0, size)`` by corpus frequency (ids 0-2 stay specials, rare ids -> 3).
+
+    A 49k-entry LM head would dominate a tiny model's CPU time; the compact vocabulary keeps the
+    benchmark about the decoder, where routing and its mismatch live.
+    """
+    counts: dict[int, int] = {}
+    for t in train:
+        counts[t] = counts.get(t, 0) + 1
+    ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: -kv[1]) if t > 2][: size - 4]
+    table = {t: i + 4 for i, t in enumerate(ranked)}
+    return [table.get(t, 3) for t in train], [table.get(t, 3) for t in heldout]
+
+
+def bench_model(kind: str, vocab: int, seed: int) -> Any:
+    """The benchmark's tiny models: 4 layers, hidden 128; MoE 8 experts top-2 of width 64 in every
+    layer (Qwen3-MoE), dense MLP of width 128 (Llama): the same active MLP width per token."""
+    from transformers import AutoModelForCausalLM
+
+    from shipyard.models.loading import tiny_config
+
+    cfg = tiny_config(kind, vocab)
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = 128, 4, 128
+    if kind == "moe":
+        cfg.moe_intermediate_size, cfg.head_dim = 64, 32
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+
+def train_briefly(model: Any, ids: list[int], steps: int, seq: int, batch: int, seed: int) -> list[float]:
+    """AdamW next-token training on random windows of ``ids`` (+ MoE load balancing); losses."""
+    model.train()
+    if moe_routers(model):
+        model.config.output_router_logits = True  # adds router_aux_loss_coef * load-balancing loss
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    rng = random.Random(seed)
+    data = torch.tensor(ids)
+    losses = []
+    for _ in range(steps):
+        starts = [rng.randrange(0, len(ids) - seq - 1) for _ in range(batch)]
+        x_BT = torch.stack([data[s : s + seq] for s in starts])
+        loss = model(input_ids=x_BT, labels=x_BT).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    model.config.output_router_logits = False
+    return losses
+
+
+def expert_entropy(model: Any, ids: list[int]) -> float:
+    """Mean over MoE layers of the entropy (bits) of expert usage on ``ids`` (3 bits = uniform over 8)."""
+    seam = RouterSeam(model)
+    seam.record = True
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids[:512]]))
+        ents = []
+        for used_NK in seam.recorded:
+            assert used_NK is not None
+            counts = torch.bincount(used_NK.flatten().long(), minlength=seam.num_experts).double()
+            p = counts / counts.sum()
+            ents.append(float(-(p[p > 0] * p[p > 0].log2()).sum()))
+        return sum(ents) / len(ents)
+    finally:
+        seam.remove()
+
+
+def make_requests(ids: list[int], n: int, max_tokens: int, seed: int) -> list[GenerateRequest]:
+    """``n`` held-out prompts of 8..64 tokens, temperature 1, seeded per request."""
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n):
+        length = rng.randint(8, 64)
+        start = rng.randrange(0, len(ids) - length)
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed * 1000 + i)
+        reqs.append(GenerateRequest(ids[start : start + length], params))
+    return reqs
+
+
+def sample_varied(engine: EmbeddedEngine, reqs: list[GenerateRequest], seed: int) -> list[GenerateResult]:
+    """Generate ``reqs`` shuffled into batches of random sizes 1..8; results in request order."""
+    rng = random.Random(seed)
+    order = list(range(len(reqs)))
+    rng.shuffle(order)
+    out: dict[int, GenerateResult] = {}
+    pos = 0
+    while pos < len(order):
+        size = rng.randint(1, 8)
+        chunk = order[pos : pos + size]
+        engine.max_batch = len(chunk)
+        for i, res in zip(chunk, engine.generate([reqs[i] for i in chunk]), strict=True):
+            out[i] = res
+        pos += size
+    return [out[i] for i in range(len(reqs))]
+
+
+def trainer_mismatch(
+    model: Any,
+    reqs: list[GenerateRequest],
+    results: list[GenerateResult],
+    replay: bool | None,
+    micro: int = 8,
+) -> dict[str, float]:
+    """Mismatch of the fp32 trainer's recompute against the sampler: ``replay`` None = dense (no seam)."""
+    seam = RouterSeam(model) if replay is not None else None
+    acc = MismatchAccumulator()
+    try:
+        for s in range(0, len(reqs), micro):
+            rq, rs = reqs[s : s + micro], results[s : s + micro]
+            seqs = [q.prompt_ids + r.token_ids for q, r in zip(rq, rs, strict=True)]
+            ids_BT, attn_BT = pad_batch(seqs, pad_id=0)
+            mask_BT = (
+                pad_ints(
+                    [[0] * len(q.prompt_ids) + [1] * len(r.token_ids) for q, r in zip(rq, rs, strict=True)]
+                )
+                == 1
+            )
+            mu_BT = pad_floats([[0.0] * len(q.prompt_ids) + r.logprobs for q, r in zip(rq, rs, strict=True)])
+            with torch.no_grad():
+                if seam is None:
+                    old_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+                else:
+                    with seam.plan(
+                        route_plan([r.routes for r in rs], ids_BT.shape[1], seam), replay=bool(replay)
+                    ):
+                        old_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+            acc.add(old_BT, mu_BT, mask_BT, no_correction(old_BT - mu_BT, mask_BT))
+        out = acc.result()
+        if seam is not None:
+            out.update(seam.disagreement())
+        return out
+    finally:
+        if seam is not None:
+            seam.remove()
+
+
+def deterministic_cost(engine: EmbeddedEngine, reqs: list[GenerateRequest]) -> dict[str, Any]:
+    """Wall clock of ``reqs`` batched (max_batch 8) vs deterministic, and bit-exactness across batches."""
+    times = {}
+    for det in (False, True):
+        engine.deterministic, engine.max_batch = det, 8
+        engine.generate(reqs[:2])  # warm-up
+        t0 = time.perf_counter()
+        engine.generate(reqs)
+        times[det] = time.perf_counter() - t0
+    exact = {}
+    for det in (False, True):
+        engine.deterministic, engine.max_batch = det, 8
+        [alone] = engine.generate([reqs[0]])
+        mixed = [engine.generate(reqs[1 : 1 + k] + [reqs[0]])[k] for k in (1, 3, 7)]
+        exact[det] = all(m.logprobs == alone.logprobs for m in mixed)
+    engine.deterministic = False
+    return {
+        "batched_s": times[False],
+        "deterministic_s": times[True],
+        "slowdown": times[True] / times[False],
+        "bit_identical_across_batches_batched": exact[False],
+        "bit_identical_across_batches_deterministic": exact[True],
+    }
+
+
+def run_model(kind: str, args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """Train, sample in bf16 with varied batches, recompute in fp32 (with/without replay for MoE)."""
+    _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
+    train, heldout = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
+    model = bench_model(kind, args.vocab, args.seed)
+    t0 = time.perf_counter()
+    losses = train_briefly(model, train, args.steps, 128, 8, args.seed)
+    model.eval().to(args.device)
+    out: dict[str, Any] = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_steps": args.steps,
+        "train_loss_first_last": [losses[0], sum(losses[-10:]) / len(losses[-10:])],
+        "train_s": time.perf_counter() - t0,
+    }
+    if moe_routers(model):
+        out["expert_usage_entropy_bits"] = expert_entropy(model, heldout)
+    sampler = copy.deepcopy(model).to(torch.bfloat16)
+    engine = EmbeddedEngine(sampler, tok, max_batch=8)
+    reqs = make_requests(heldout, args.samples, args.max_tokens, args.seed)
+    results = sample_varied(engine, reqs, args.seed)
+    out["sampled_tokens"] = sum(len(r.token_ids) for r in results)
+    if moe_routers(model):
+        out["no_replay"] = trainer_mismatch(model, reqs, results, replay=False)
+        out["replay"] = trainer_mismatch(model, reqs, results, replay=True)
+    else:
+        out["no_replay"] = trainer_mismatch(model, reqs, results, replay=None)
+    out["deterministic"] = deterministic_cost(engine, reqs[: args.det_samples])
+    console.print(
+        f"{kind}: trained {args.steps} steps in {out['train_s']:.1f}s, {out['sampled_tokens']} tokens sampled"
+    )
+    return out
+
+
+def table(moe: dict[str, Any], dense: dict[str, Any]) -> Table:
+    t = Table(title="Sampler (bf16, varied batches) vs trainer (fp32) mismatch")
+    for col in ("model", "k3 mean", "k3 p99", "k1 mean", "max |Δp|", "routing disagree", "tokens any-layer"):
+        t.add_column(col, justify="right")
+    rows = [
+        ("MoE, no replay", moe["no_replay"]),
+        ("MoE, replay", moe["replay"]),
+        ("dense", dense["no_replay"]),
+    ]
+    for name, m in rows:
+        dis = m.get("route_disagree")
+        tok_any = m.get("route_token_disagree")
+        t.add_row(
+            name,
+            f"{m['k3']:.3e}",
+            f"{m['k3_p99']:.3e}",
+            f"{m['k1']:.3e}",
+            f"{m['max_abs_dp']:.3f}",
+            "-" if dis is None else f"{dis:.4f}",
+            "-" if tok_any is None else f"{tok_any:.3f}",
+        )
+    return t
+
+
+def headline(moe: dict[str, Any], dense: dict[str, Any]) -> dict[str, Any]:
+    no, yes = moe["no_replay"], moe["replay"]
+    return {
+        "moe_k3_no_replay": no["k3"],
+        "moe_k3_replay": yes["k3"],
+        "moe_k3_reduction": no["k3"] / yes["k3"] if yes["k3"] > 0 else None,  # None: replay k3 is exactly 0
+        "moe_routing_disagreement_no_replay": no["route_disagree"],
+        "moe_routing_disagreement_replay": yes["route_disagree"],
+        "moe_tokens_any_layer_disagree_no_replay": no["route_token_disagree"],
+        "moe_routing_disagreement_no_replay_per_layer": {
+            k.split("/")[-1]: v for k, v in no.items() if k.startswith("route_disagree/")
+        },
+        "dense_k3": dense["no_replay"]["k3"],
+        "deterministic_slowdown": moe["deterministic"]["slowdown"],
+        "deterministic_slowdown_dense": dense["deterministic"]["slowdown"],
+    }
+
+
+def five_digits(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with every float cut to 5 significant digits (for a readable JSON file)."""
+    return json.loads(json.dumps(result), parse_float=lambda text: float(f"{float(text):.5g}"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20 training steps, 8 samples (about a minute idle)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 200, quick 20)")
+    ap.add_argument("--samples", type=int, default=None, help="sampled continuations (default 48, quick 8)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per continuation (default 48, quick 16)"
+    )
+    ap.add_argument(
+        "--det-samples",
+        type=int,
+        default=None,
+        help="requests timed for the deterministic mode (16, quick 4)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=4096, help="compact vocabulary size of the tiny models")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", default="benchmarks/results/mismatch.json")
+    args = ap.parse_args()
+    args.steps = args.steps or (20 if args.quick else 200)
+    args.samples = args.samples or (8 if args.quick else 48)
+    args.max_tokens = args.max_tokens or (16 if args.quick else 48)
+    args.det_samples = args.det_samples or (4 if args.quick else 16)
+    if min(args.steps, args.samples, args.max_tokens, args.det_samples) < 1:
+        raise ValueError("--steps, --samples, --max-tokens and --det-samples must be >= 1")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    console = Console(width=None if Console().is_terminal else 160)
+    moe = run_model("moe", args, console)
+    dense = run_model("dense", args, console)
+    console.print(table(moe, dense))
+    head = headline(moe, dense)
+    for k in ("moe_k3_reduction", "moe_routing_disagreement_replay", "deterministic_slowdown"):
+        console.print(f"{k}: {head[k]}")
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
+    result = {
+        **head,
+        "targets": {
+            "replay_zero_disagreement": head["moe_routing_disagreement_replay"] == 0.0,
+            "replay_k3_10x_lower": head["moe_k3_replay"] == 0.0 or head["moe_k3_reduction"] >= 10.0,
+        },
+        "moe": moe,
+        "dense": dense,
+        "config": {
+            k: getattr(args, k)
+            for k in ("quick", "steps", "samples", "max_tokens", "det_samples", "seed", "vocab")
+        },
+        "machine": f"{device}, {os.cpu_count()} CPUs, {args.threads} threads, torch {torch.__version__}, "
+        f"python {platform.python_version()}, load avg {os.getloadavg()[0]:.1f}",
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(five_digits(result), indent=1) + "\n")
+    tmp.replace(out)
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
