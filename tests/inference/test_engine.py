@@ -381,6 +381,7 @@ def test_prompt_routes_are_replayed_across_turns(moe: tuple[Any, Any]) -> None:
             GenerateRequest(context, SamplingParams(max_tokens=6, seed=6), prompt_routes=turn1.routes),
             GenerateRequest(context, SamplingParams(max_tokens=6, seed=6), prompt_routes=forced),
             GenerateRequest(context, SamplingParams(max_tokens=6, seed=6)),
+            GenerateRequest(context + [5] * 7, SamplingParams(max_tokens=2)),  # the others are left-padded
         ]
     )
     n = turn1.routes["n"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shipyard.models.loading import build_tiny
-from shipyard.models.router_replay import RouterSeam, gate_weights, moe_routers, route_mismatch
+from shipyard.models.router_replay import RouterSeam, gate_weights, moe_routers, route_mismatch, route_plan
 from shipyard.models.routes import decode_routes, encode_routes, routes_from_sglang, routes_from_vllm
 
 KINDS = ("moe", "mixtral", "deepseek_v3")
@@ -220,3 +220,18 @@ def test_upcycled_moe_without_jitter_computes_the_dense_model() -> None:
     assert (moved - want).abs().max() > 1e-3 and [i for i, _ in moe_routers(jittered)] == [0, 1]
     again = upcycle_to_moe(dense, experts=4, noise=0.05, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(jittered.parameters(), again.parameters(), strict=True))
+
+
+def test_route_plan_places_records_and_rejects_foreign_ones() -> None:
+    seam = RouterSeam(_model("moe"))
+    ids = np.arange(3 * 2 * 2).reshape(3, 2, 2) % 8
+    record = encode_routes(ids, seam.layers, 8)
+    plan = route_plan([record, None], 5, seam)
+    assert plan.shape == (2, 5, 2, 2) and plan[0, :3].tolist() == ids.tolist()
+    assert bool((plan[0, 3:] == -1).all()) and bool((plan[1] == -1).all())
+    left = route_plan([record], 5, seam, starts=[2])  # the engine's left-padded prefill
+    assert left[0, 2:].tolist() == ids.tolist() and bool((left[0, :2] == -1).all())
+    with pytest.raises(ValueError, match="MoE layers"):
+        route_plan([encode_routes(ids, [0, 5], 8)], 5, seam)
+    with pytest.raises(ValueError, match="cover 3 positions"):
+        route_plan([record], 2, seam)

@@ -226,9 +226,10 @@ def route_plan(
                 f"routes of sequence {b} are for MoE layers {record['layers']}, k={record['k']}, "
                 f"{record['experts']} experts; the model has {seam.layers}, k={seam.top_k}, {seam.num_experts}"
             )
-        if ids_NLK.shape[0] > length:
+        start = 0 if starts is None else starts[b]
+        if start + ids_NLK.shape[0] > length:
             raise ValueError(
-                f"routes of sequence {b} cover {ids_NLK.shape[0]} positions, the batch has {length}"
+                f"routes of sequence {b} cover {ids_NLK.shape[0]} positions from {start}, the batch has {length}"
             )
-        plan_BTLK[b, : ids_NLK.shape[0]] = torch.from_numpy(ids_NLK.astype("int64"))
+        plan_BTLK[b, start : start + ids_NLK.shape[0]] = torch.from_numpy(ids_NLK.astype("int64"))
     return plan_BTLK
