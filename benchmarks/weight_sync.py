@@ -100,32 +100,39 @@ class DelayStore:
 # ---------------------------------------------------------------- roles run inside namespaces
 
 
+MODES = ("baseline", "ours")
+
+
 def role_publisher(args: argparse.Namespace) -> None:
-    """Trainer region: publish version v (read from disk) each time a number arrives on stdin."""
+    """Trainer region: one publisher per mode (its own prefix in the bucket); publishes version v
+    (read from disk) each time ``<mode> <v>`` arrives on stdin."""
     from safetensors.torch import load_file
 
     from shipyard.weights.publisher import WeightPublisher
 
-    pub = WeightPublisher(
-        s3(args.endpoint, args.root),
-        snapshot_every=args.snapshot_every,
-        keep=2,
-        deltas=args.mode == "ours",
-        connections=8,
-        workers=2,
-    )
+    pubs = {
+        mode: WeightPublisher(
+            s3(args.endpoint, f"shipyard-sync/{mode}"),
+            snapshot_every=args.snapshot_every,
+            keep=2,
+            deltas=mode == "ours",
+            connections=8,
+            workers=2,
+        )
+        for mode in MODES
+    }
     emit(event="ready", who="publisher")
     for line in sys.stdin:
-        v = int(line)
-        tensors = load_file(Path(args.versions) / f"v{v:04d}.safetensors")
+        mode, v = line.split()[0], int(line.split()[1])
+        tensors = load_file(Path(args.versions_dir) / f"v{v:04d}.safetensors")
         t0 = time.time()
-        m = pub.publish(v, tensors)
+        m = pubs[mode].publish(v, tensors)
         enc = m.encodings["delta" if "delta" in m.encodings else "snapshot"]
-        emit(event="published", v=v, t0=t0, t1=time.time(), shipped=enc.nbytes, raw=m.raw_bytes, kind=m.kind)
+        emit(event="published", mode=mode, v=v, t0=t0, t1=time.time(), shipped=enc.nbytes, raw=m.raw_bytes)
 
 
-def role_region(args: argparse.Namespace) -> None:
-    """Inference region: a relay from the origin into a local mirror and ``servers`` engines."""
+def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
+    """A relay from the origin (this mode's prefix) into a local mirror, and ``servers`` engines."""
     import torch
 
     from shipyard.config.schema import ModelConfig
@@ -135,52 +142,58 @@ def role_region(args: argparse.Namespace) -> None:
     from shipyard.weights.relay import WeightRelay
     from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
-    torch.set_num_threads(1)
-    work = Path(args.work)
+    work = Path(args.work) / mode
     mirror = LocalStore(work / "mirror")
-    relay = WeightRelay(
-        s3(args.endpoint, args.root, args.rtt_ms / 1000), mirror, name=f"relay-{args.region}", connections=8
-    ).start(poll_s=args.poll_s)
+    origin = s3(args.endpoint, f"shipyard-sync/{mode}", args.rtt_ms / 1000)
+    relay = WeightRelay(origin, mirror, name=f"relay-{args.region}", connections=8).start(poll_s=args.poll_s)
     cfg = ModelConfig(source="tiny") if args.model == "tiny" else ModelConfig()
     subs = []
     for j in range(args.servers):
         model, tok = load_model(cfg)
         engine = EmbeddedEngine(model.to(torch.bfloat16), tok, max_batch=1, version=0)
+        sink = EngineSink(engine)
+        name = f"{args.region}-s{j}"
         subs.append(
-            WeightSubscriber(
-                mirror,
-                EngineSink(engine),
-                name=f"{args.region}-s{j}",
-                poll_s=args.poll_s,
-                cache_dir=work / "cache",
-            ).start()
+            WeightSubscriber(mirror, sink, name=name, poll_s=args.poll_s, cache_dir=work / "cache").start()
         )
+    return relay, subs
+
+
+def role_region(args: argparse.Namespace) -> None:
+    """Inference region: both modes side by side; reports each relayed and adopted version."""
+    import torch
+
+    torch.set_num_threads(1)
+    parts = {mode: region_mode(args, mode) for mode in MODES}
     emit(event="ready", who=args.region)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    reported = [0] * len(subs)
-    relayed = 0
+    seen: dict[tuple[str, int], int] = {}
     while not done.wait(0.005):
-        for rec in relay.log[relayed:]:
-            emit(event="relayed", region=args.region, v=rec["version"], t=rec["at"], bytes=rec["bytes"])
-        relayed = len(relay.log)
-        for j, sub in enumerate(subs):
-            for rec in sub.adopted[reported[j] :]:
-                emit(
-                    event="adopted",
-                    region=args.region,
-                    server=j,
-                    v=rec["version"],
-                    t=rec["at"],
-                    pause=rec["pause_s"],
-                    path=rec["path"],
-                    errors=len(rec["recovered"]),
-                )
-            reported[j] = len(sub.adopted)
-    relay.stop()
-    for sub in subs:
-        sub.stop()
-    errors = relay.errors + [e for s in subs for e in s.errors]
+        for mode, (relay, subs) in parts.items():
+            for rec in relay.log[seen.get((mode, -1), 0) :]:
+                emit(event="relayed", mode=mode, region=args.region, v=rec["version"], t=rec["at"])
+            seen[(mode, -1)] = len(relay.log)
+            for j, sub in enumerate(subs):
+                for rec in sub.adopted[seen.get((mode, j), 0) :]:
+                    emit(
+                        event="adopted",
+                        mode=mode,
+                        region=args.region,
+                        server=j,
+                        v=rec["version"],
+                        t=rec["at"],
+                        pause=rec["pause_s"],
+                        path=rec["path"],
+                        errors=len(rec["recovered"]),
+                    )
+                seen[(mode, j)] = len(sub.adopted)
+    errors = []
+    for relay, subs in parts.values():
+        relay.stop()
+        for sub in subs:
+            sub.stop()
+        errors += relay.errors + [e for s in subs for e in s.errors]
     emit(event="bye", region=args.region, errors=errors[:5])
 
 
@@ -343,98 +356,86 @@ def make_versions(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {"model": args.model, "raw_bytes": raw, "lr": args.lr}
 
 
-def run_mode(
-    mode: str, args: argparse.Namespace, net: Network, port: int, work: Path, console: Console
-) -> dict:
-    """One mode end to end: publisher and regions start, version 0 is seeded, then versions 1..N."""
-    events: queue.Queue = queue.Queue()
-    root = f"shipyard-sync/{mode}"
+def start_roles(
+    args: argparse.Namespace, net: Network, port: int, work: Path, events: queue.Queue
+) -> list[Proc]:
+    """The publisher (trainer namespace) and one region process per region namespace."""
     me = [sys.executable, str(Path(__file__).resolve())]
-    common = ["--root", root, "--model", args.model, "--poll-s", str(args.poll_s)]
-    pub = Proc(
-        "publisher",
-        [
-            *net.exec_prefix(net.origin),
-            *me,
-            "--role",
-            "publisher",
-            "--endpoint",
-            f"http://127.0.0.1:{port}",
-            "--mode",
-            mode,
-            "--versions-dir",
-            str(work / "versions"),
-            "--snapshot-every",
-            str(args.snapshot_every),
-            *common,
-        ],
-        events,
-        work / f"{mode}-publisher.log",
-    )
-    got: list[dict] = []
-    wait_events(events, lambda g: any(e["event"] == "ready" for e in g), 120, got)
-    pub.send("0")
-    wait_events(events, lambda g: any(e["event"] == "published" for e in g), 600, got)
-    regions = []
+    common = ["--model", args.model, "--poll-s", str(args.poll_s)]
+    pub_args = ["--role", "publisher", "--endpoint", f"http://127.0.0.1:{port}"]
+    pub_args += ["--versions-dir", str(work / "versions"), "--snapshot-every", str(args.snapshot_every)]
+    procs = [
+        Proc("publisher", [*net.exec_prefix(net.origin), *me, *pub_args, *common], events, work / "pub.log")
+    ]
     for i, ns in enumerate(net.regions):
-        regions.append(
-            Proc(
-                ns,
-                [
-                    *net.exec_prefix(ns),
-                    *me,
-                    "--role",
-                    "region",
-                    "--region",
-                    f"r{i}",
-                    "--endpoint",
-                    f"http://{net.ip(i)}:{port}",
-                    "--work",
-                    str(work / mode / f"r{i}"),
-                    "--servers",
-                    str(args.servers),
-                    "--rtt-ms",
-                    str(args.rtt_ms),
-                    *common,
-                ],
-                events,
-                work / f"{mode}-r{i}.log",
-            )
-        )
-    n_reg = len(regions)
-    wait_events(
-        events,
-        lambda g: (
-            sum(e["event"] == "ready" for e in g) == n_reg + 1
-            and sum(e["event"] == "relayed" and e["v"] == 0 for e in g) == n_reg
-        ),
-        900,
-        got,
+        reg_args = ["--role", "region", "--region", f"r{i}", "--endpoint", f"http://{net.ip(i)}:{port}"]
+        reg_args += [
+            "--work",
+            str(work / f"r{i}"),
+            "--servers",
+            str(args.servers),
+            "--rtt-ms",
+            str(args.rtt_ms),
+        ]
+        procs.append(Proc(ns, [*net.exec_prefix(ns), *me, *reg_args, *common], events, work / f"r{i}.log"))
+    return procs
+
+
+def count(got: list[dict], event: str, mode: str | None = None, v: int | None = None, start: int = 0) -> int:
+    return sum(
+        e["event"] == event and (mode is None or e.get("mode") == mode) and (v is None or e.get("v") == v)
+        for e in got[start:]
     )
+
+
+def run_mode(
+    mode: str,
+    args: argparse.Namespace,
+    net: Network,
+    pub: Proc,
+    events: queue.Queue,
+    got: list[dict],
+    console: Console,
+) -> dict:
+    """Version 0 is published and relayed everywhere (not timed), then each of versions 1..N is
+    published and timed until every server serves it."""
+    n_reg, n_srv = len(net.regions), len(net.regions) * args.servers
+    pub.send(f"{mode} 0")
+    wait_events(events, lambda g: count(g, "relayed", mode, 0) == n_reg, 900, got)
     records = []
     for v in range(1, args.versions + 1):
         tx0 = [net.tx_bytes(i) for i in range(n_reg)]
         start = len(got)
-        pub.send(str(v))
-        n_srv = n_reg * args.servers
+        pub.send(f"{mode} {v}")
         wait_events(
-            events,
-            lambda g, v=v, start=start, n_srv=n_srv: (
-                sum(e["event"] == "adopted" and e["v"] == v for e in g[start:]) == n_srv
-            ),
-            600,
-            got,
+            events, lambda g, v=v, start=start: count(g, "adopted", mode, v, start) == n_srv, 600, got
         )
         time.sleep(0.2)  # the last acknowledgements drain from the links
-        new = got[start:]
-        records.append(version_record(v, new, [net.tx_bytes(i) - tx0[i] for i in range(n_reg)], args))
+        link = [net.tx_bytes(i) - tx0[i] for i in range(n_reg)]
+        new = [e for e in got[start:] if e.get("mode") == mode]
+        records.append(version_record(v, new, link, args))
         console.print(
             f"{mode} v{v}: sync {records[-1]['sync_s']:.3f} s, bound {records[-1]['bound_s']:.3f} s"
         )
-    for p in [*regions, pub]:
-        p.close()
-    byes = [e for e in got if e["event"] == "bye"]
-    return {"versions": records, "errors": [x for b in byes for x in b["errors"]], **summary(records)}
+    return {"versions": records, **summary(records)}
+
+
+def run_all(
+    args: argparse.Namespace, net: Network, port: int, work: Path, console: Console
+) -> dict[str, dict]:
+    events: queue.Queue = queue.Queue()
+    procs = start_roles(args, net, port, work, events)
+    got: list[dict] = []
+    try:
+        wait_events(events, lambda g: count(g, "ready") == len(procs), 900, got)
+        results = {mode: run_mode(mode, args, net, procs[0], events, got, console) for mode in MODES}
+    finally:
+        for p in procs:
+            p.close()
+    for e in got + [events.get() for _ in range(events.qsize())]:
+        if e["event"] == "bye" and e["errors"]:
+            console.print(f"[yellow]{e['region']} recovered from: {e['errors']}")
+    return results
 
 
 def version_record(v: int, new: list[dict], link_bytes: list[int], args: argparse.Namespace) -> dict:
@@ -444,7 +445,7 @@ def version_record(v: int, new: list[dict], link_bytes: list[int], args: argpars
     rate = args.rate_mbit * 1e6 / 8
     return {
         "version": v,
-        "kind": published["kind"],
+        "kind": "snapshot" if "snapshot" in " ".join(x for e in adopted for x in e["path"]) else "delta",
         "shipped_bytes": published["shipped"],
         "raw_bytes": published["raw"],
         "publish_s": published["t1"] - published["t0"],
@@ -511,63 +512,35 @@ def table(results: dict[str, dict], args: argparse.Namespace) -> Table:
     return t
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model, 3 versions, 100 Mbit/s (< 1 minute)")
     ap.add_argument("--regions", type=int, default=3)
     ap.add_argument("--servers", type=int, default=1, help="inference servers per region")
     ap.add_argument("--versions", type=int, default=None, help="versions shipped (default 5, quick 3)")
-    ap.add_argument(
-        "--rate-mbit", type=float, default=None, help="long-haul link rate (default 1000, quick 100)"
-    )
+    ap.add_argument("--rate-mbit", type=float, default=None, help="link rate (default 1000, quick 100)")
     ap.add_argument("--rtt-ms", type=float, default=100.0, help="long-haul round trip (emulated in-process)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--snapshot-every", type=int, default=10)
     ap.add_argument("--poll-s", type=float, default=0.02)
     ap.add_argument("--out", default="benchmarks/results/weight_sync.json")
-    # roles (internal)
-    ap.add_argument("--role", choices=["main", "publisher", "region"], default="main")
-    ap.add_argument("--endpoint")
-    ap.add_argument("--root")
-    ap.add_argument("--mode")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--versions-dir", dest="versions_dir")
-    ap.add_argument("--region")
-    ap.add_argument("--work")
+    ap.add_argument("--role", choices=["main", "publisher", "region"], default="main", help="internal")
+    for internal in ("--endpoint", "--root", "--mode", "--model", "--versions-dir", "--region", "--work"):
+        ap.add_argument(internal, help="internal (set by the driver for its role processes)")
     args = ap.parse_args()
-    if args.role == "publisher":
-        args.versions = args.versions_dir
-        return role_publisher(args)
-    if args.role == "region":
-        return role_region(args)
-    args.versions = args.versions or (3 if args.quick else 5)
-    args.rate_mbit = args.rate_mbit or (100.0 if args.quick else 1000.0)
-    args.model = args.model or ("tiny" if args.quick else "smollm2")
-    if min(args.regions, args.servers, args.versions) < 1 or args.rate_mbit <= 0 or args.rtt_ms < 0:
-        raise ValueError("--regions, --servers, --versions must be >= 1, --rate-mbit > 0, --rtt-ms >= 0")
-    console = Console(width=None if Console().is_terminal else 200)
-    why = check_network_support()
-    if why is not None:
-        raise SystemExit(f"weight_sync: network namespaces with tc are required here: {why}")
-    from shipyard.store.seaweed import SeaweedServer
+    if args.role == "main":
+        args.versions = args.versions or (3 if args.quick else 5)
+        args.rate_mbit = args.rate_mbit or (100.0 if args.quick else 1000.0)
+        args.model = args.model or ("tiny" if args.quick else "smollm2")
+        if min(args.regions, args.servers, args.versions) < 1 or args.rate_mbit <= 0 or args.rtt_ms < 0:
+            raise ValueError("--regions, --servers, --versions must be >= 1, --rate-mbit > 0, --rtt-ms >= 0")
+    return args
 
-    work = Path(tempfile.mkdtemp(prefix="shipyard-weight-sync-"))
-    net = Network(args.regions, args.rate_mbit)
-    results: dict[str, dict] = {}
-    try:
-        console.print(f"training {args.versions} versions of {args.model} (lr {args.lr:g}) ...")
-        info = make_versions(args, work / "versions")
-        net.up()
-        with SeaweedServer(
-            work / "seaweed", host="127.0.0.1", bind="0.0.0.0", prefix=net.exec_prefix(net.origin)
-        ) as sw:
-            for mode in ("baseline", "ours"):
-                results[mode] = run_mode(mode, args, net, sw.ports["s3.port"], work, console)
-    finally:
-        net.down()
-    console.print(table(results, args))
+
+def results_json(results: dict[str, dict], args: argparse.Namespace, info: dict) -> dict:
     ours, base = results["ours"], results["baseline"]
-    out = {
+    keys = ("quick", "versions", "rate_mbit", "rtt_ms", "lr", "snapshot_every", "poll_s", "servers")
+    return {
         **{k: ours[k] for k in ("sync_s", "bound_s", "pause_p50_s", "pause_p99_s")},
         "regions": args.regions,
         "servers_per_region": args.servers,
@@ -577,21 +550,42 @@ def main() -> None:
         "baseline": {k: v for k, v in base.items() if k != "versions"},
         "ours": {k: v for k, v in ours.items() if k != "versions"},
         "per_version": {"baseline": base["versions"], "ours": ours["versions"]},
-        "config": {
-            **{
-                k: getattr(args, k)
-                for k in ("quick", "versions", "rate_mbit", "rtt_ms", "lr", "snapshot_every", "poll_s")
-            },
-            **info,
-        },
+        "config": {**{k: getattr(args, k) for k in keys}, **info},
         "network": "veth pairs between network namespaces, tc tbf at rate_mbit both ways; RTT emulated "
         "in-process (sch_netem is not available in this kernel); all processes share one machine's CPUs",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
         f"load avg {os.getloadavg()[0]:.1f}",
     }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.role == "publisher":
+        return role_publisher(args)
+    if args.role == "region":
+        return role_region(args)
+    why = check_network_support()
+    if why is not None:
+        raise SystemExit(f"weight_sync: network namespaces with tc are required here: {why}")
+    from shipyard.store.seaweed import SeaweedServer
+
+    console = Console(width=None if Console().is_terminal else 200)
+    work = Path(tempfile.mkdtemp(prefix="shipyard-weight-sync-"))
+    net = Network(args.regions, args.rate_mbit)
+    results: dict[str, dict] = {}
+    try:
+        console.print(f"training {args.versions} versions of {args.model} (lr {args.lr:g}) ...")
+        info = make_versions(args, work / "versions")
+        net.up()
+        origin = net.exec_prefix(net.origin)
+        with SeaweedServer(work / "seaweed", host="127.0.0.1", bind="0.0.0.0", prefix=origin) as sw:
+            results = run_all(args, net, sw.ports["s3.port"], work, console)
+    finally:
+        net.down()
+    console.print(table(results, args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(results_json(results, args, info), indent=1) + "\n")
     console.print(f"wrote {path}")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -104,7 +104,7 @@ class WeightRelay:
         """Mirror every version on the path to the origin's LATEST; returns the versions written."""
         if not self._loaded:
             self._load_mirror()
-        target, hint = read_latest(self.origin)
+        target, hint = read_latest(self.origin, known=self.version)
         if time.time() - self._beat > self.lease_ttl_s / 4:
             self._renew(-1 if self.version is None else self.version)
         if target is None or target == self.version:
