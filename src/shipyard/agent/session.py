@@ -38,7 +38,16 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from shipyard.agent.actions import REMINDER, SYSTEM_PROMPT, clip_output, parse_action
+from shipyard.agent.actions import (
+    DEFAULT_FILES,
+    SYSTEM_PROMPT,
+    Action,
+    check_write_path,
+    clip_output,
+    parse_action,
+    reminder,
+    system_prompt,
+)
 from shipyard.agent.summarize import SummaryStats, carried_state, resume_message
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, SamplingConfig
@@ -47,6 +56,12 @@ from shipyard.inference.types import GenerateRequest, GenerateResult, InferenceC
 
 VISIBLE_TESTS_FILE = "test_visible.py"
 RUN_VISIBLE = f"python -m pytest -q -x --no-header -p no:cacheprovider {VISIBLE_TESTS_FILE}"
+MIGRATION_FILE = DEFAULT_FILES["db"]["sql"]
+TRIAL_MIGRATION = f"psql service=db -X -q -v ON_ERROR_STOP=1 -c BEGIN -f {MIGRATION_FILE} -c ROLLBACK"
+"""db tasks: after each write of ``migration.sql`` it runs on the session's database in a transaction
+that is rolled back (a migration that commits by itself is not undone)."""
+REPO_TESTS = "python -m pytest -q tests"
+MAX_LISTED_FILES = 40
 
 
 class ChatFrame:
@@ -117,6 +132,29 @@ def workspace_files(task: Task) -> dict[str, str]:
 
 
 def first_message(task: Task) -> str:
+    """The first user message: the task and, by kind, which file(s) to write and how to check them.
+
+    Function tasks (generated, HumanEval and the long tasks, whose prompt already says which modules
+    to read) keep the message the trained runs saw, so their token records are unchanged.
+    """
+    if task.kind == "db":
+        return (
+            f"{task.prompt}\n\nWrite the migration in a ```sql block: it becomes {MIGRATION_FILE} "
+            "(a block opened with ```sql NAME.sql writes NAME.sql instead). After each write of "
+            f"{MIGRATION_FILE} it is tried on your database in a transaction that is rolled back, and you "
+            "see the result. Run one command with a ```bash block, e.g. `psql service=db -c '\\d'` or "
+            "`cat schema.sql`. Reply SUBMIT when the migration is done."
+        )
+    if task.kind == "repo":
+        paths = sorted(task.files)
+        listed = "\n".join(paths[:MAX_LISTED_FILES])
+        more = f"\n... and {len(paths) - MAX_LISTED_FILES} more" if len(paths) > MAX_LISTED_FILES else ""
+        return (
+            f"{task.prompt}\n\nFiles:\n{listed}{more}\n\nRead a file with a ```bash block (e.g. `cat README.md`). "
+            "Change a file by replying with a block that names it and holds its complete new contents, "
+            f"e.g. ```python path/to/module.py. Run the tests with `{REPO_TESTS}`. Tests, conftest and "
+            "configuration files are protected. Reply SUBMIT when the issue is resolved."
+        )
     return f"{task.prompt}\n\nReply with the complete solution.py in a ```python block."
 
 
@@ -155,7 +193,7 @@ def _play(run: _Session, sb: Sandbox) -> str:
             return "budget"
         run.traj.num_turns += 1
         text = spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
-        feedback, done = _act(spec, run.task, sb, text)
+        feedback, done = _act(spec.agent, run.task, sb, text)
         if done:
             return done
         if turn + 1 < spec.agent.max_turns and not run.feed_back(sb, feedback, res.finish_reason == "eos"):
@@ -173,7 +211,7 @@ class _Session:
         self.stats = SummaryStats()
         self.finish, self.reward, self.error = "", 0.0, None
         self.reward_info: dict[str, Any] = {}
-        self._open(spec.frame.prompt_ids(first_message(task)))
+        self._open(spec.frame.prompt_ids(first_message(task), system_prompt(task.kind)))
 
     @property
     def rec(self) -> _Record:
@@ -251,7 +289,7 @@ class _Session:
         self.stats.add(summarized, len(res.token_ids))
         summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
         message = resume_message(first_message(self.task), summary, carried_state(sb, feedback, cfg))
-        self._open(self.spec.frame.prompt_ids(message))
+        self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
         return True
 
     def graded(self, finish: str, result: RewardResult) -> None:
@@ -289,23 +327,47 @@ class _Session:
         return out
 
 
-def _act(spec: SessionSpec, task: Task, sb: Sandbox, text: str) -> tuple[str, str]:
+def _act(agent: AgentConfig, task: Task, sb: Sandbox, text: str) -> tuple[str, str]:
     """Carry out the action in ``text``; returns (feedback, finish reason or '')."""
-    action = parse_action(text)
-    limit = spec.agent.max_tool_output_chars
+    action = parse_action(text, task.kind)
+    limit = agent.max_tool_output_chars
     if action.kind == "submit":
         return "", "submit"
     if action.kind == "none":
-        return REMINDER, ""
+        return reminder(task.kind), ""
     if action.kind == "run":
         res = sb.exec(action.content)
         status = "timed out" if res.timed_out else f"exit code {res.returncode}"
         return clip_output(f"$ {action.content}\n{res.stdout}{res.stderr}\n[{status}]", limit), ""
-    sb.write("solution.py", action.content)
+    return _write(agent, task, sb, action)
+
+
+def _write(agent: AgentConfig, task: Task, sb: Sandbox, action: Action) -> tuple[str, str]:
+    """Write ``action.path`` (unless the path is refused), then the kind's check: visible tests
+    (function tasks), a rolled-back trial of the migration (db tasks), nothing (repo tasks)."""
+    problem = check_write_path(action.path, task.protected)
+    if problem:
+        return problem, ""
+    try:
+        sb.write(action.path, action.content)
+    except ValueError as e:  # e.g. a path through a symlink: refused by the sandbox
+        return f"Cannot write {action.path}: {e}", ""
+    path, limit, end = action.path, agent.max_tool_output_chars, agent.end_on_pass
+    if task.kind == "db":
+        if path != MIGRATION_FILE:
+            return f"{path} written.", ""
+        res = sb.exec(TRIAL_MIGRATION)
+        if res.returncode == 0 and not res.timed_out:
+            return f"{path} written. Trial run on your database (rolled back): OK.", "passed" if end else ""
+        status = "timed out" if res.timed_out else f"exit code {res.returncode}"
+        out = clip_output(f"{res.stdout}{res.stderr}\n[{status}]", limit)
+        return f"{path} written. Trial run on your database (rolled back) failed:\n{out}", ""
+    if task.kind != "function":
+        return f"{path} written.", ""
     if not task.visible_tests:
-        return "solution.py written.", "written" if spec.agent.end_on_pass else ""
+        return f"{path} written.", "written" if end and path == "solution.py" else ""
     res = sb.exec(RUN_VISIBLE)
     if res.returncode == 0 and not res.timed_out:
-        return "solution.py written. Visible tests passed.", "passed" if spec.agent.end_on_pass else ""
+        return f"{path} written. Visible tests passed.", "passed" if end else ""
     out = clip_output(res.stdout + res.stderr, limit)
-    return f"solution.py written. Visible tests failed:\n{out}", ""
+    return f"{path} written. Visible tests failed:\n{out}", ""
