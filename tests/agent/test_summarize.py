@@ -222,3 +222,43 @@ def test_summary_config_validates_and_defaults_off() -> None:
         load_config(None, ["agent.summary.segment_advantage=segment"])
     with pytest.raises(ConfigError, match="agent.summary.keep"):
         load_config(None, ['agent.summary.keep=["everything"]'])
+
+
+def test_truncation_baseline_drops_the_context_without_a_summary(engine_tok) -> None:
+    """`agent.summary.mode = "truncate"`: same trigger, no summary turn, task + kept state only."""
+    spec = _spec(engine_tok, max_turns=8)
+    agent = spec.agent.model_copy(
+        update={"summary": spec.agent.summary.model_copy(update={"mode": "truncate"})}
+    )
+    segs = run_session(dataclasses.replace(spec, agent=agent), TASK, "g", 0)
+    assert len(segs) >= 3 and all(s.error is None for s in segs)
+    first = first_message(TASK)
+    state = (
+        f"solution.py has not been written yet.\n\nLast tool output:\n{clip_output(REMINDER, STATE_CHARS)}"
+    )
+    for k, seg in enumerate(segs):
+        assert seg.summary_tokens == 0 and not seg.ends_in_summary()
+        runs = _runs(seg.loss_mask)
+        if seg.finish == "truncated":  # prompt, then turns; the tool result that crossed goes to the next
+            assert len(runs) == 2 * seg.num_turns and runs[-1][0] == 1
+        if k:
+            assert segs[k - 1].finish == "truncated"
+            assert seg.token_ids[: seg.prompt_len] == spec.frame.prompt_ids(
+                resume_message(first, None, state)
+            )
+            assert SUMMARY_HEADER not in spec.frame.tok.decode(seg.token_ids[: seg.prompt_len])
+    m = segs[0].metrics
+    assert m["summaries"] == len(segs) - 1 and m["summary_tokens"] == 0 and m["compression"] == 0.0
+    assert sum(s.num_turns for s in segs) == 8  # every turn is an action turn
+
+
+def test_task_set_switch_trains_on_long_tasks() -> None:
+    from shipyard.orchestrate.components import task_splits
+
+    cfg = load_config(None, ["tasks.set=long", "tasks.num_generated=20", "tasks.long_modules=3"])
+    train, heldout = task_splits(cfg)
+    assert len(train) + len(heldout) == 20 and len(heldout) == 5
+    assert all(t.source == "long" and len([f for f in t.files if f.startswith("part_")]) == 3 for t in train)
+    assert {t.id for t in train}.isdisjoint(t.id for t in heldout)
+    with pytest.raises(ConfigError, match="tasks.set"):
+        load_config(None, ["tasks.set=huge"])

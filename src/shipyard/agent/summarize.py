@@ -18,7 +18,8 @@ summaries replaced: each summarized segment's length before the summary request)
 tokens); ``hit_budget_unfinished`` = 1 when the session reached its context budget (summarized
 at least once, or ran out of window) and ended without the policy finishing (a passing write, a
 write on a task without visible tests, or SUBMIT). :func:`rollout_summary_metrics` aggregates
-them over the sessions of a trainer step.
+them over the sessions of a trainer step. With ``agent.summary.mode = "truncate"`` each context
+restart counts as a summary of 0 tokens (``summaries`` = restarts, ``compression`` = 0).
 
 Limits: the state items are clipped to ``agent.summary.state_chars`` characters each (head and
 tail kept); nothing checks that a summary is faithful: what makes summaries useful is training
@@ -63,9 +64,12 @@ def carried_state(sb: Sandbox, last_output: str, cfg: SummaryConfig) -> str:
     return "\n\n".join(parts)
 
 
-def resume_message(first_message: str, summary: str, state: str) -> str:
-    """The first user message of a segment after a summary: task, summary, kept state."""
-    text = f"{first_message}\n\n{SUMMARY_HEADER}\n{summary.strip()}"
+def resume_message(first_message: str, summary: str | None, state: str) -> str:
+    """The first user message of a segment after a summary: task, summary, kept state.
+
+    ``summary=None`` (``agent.summary.mode = "truncate"``): task and kept state only.
+    """
+    text = first_message if summary is None else f"{first_message}\n\n{SUMMARY_HEADER}\n{summary.strip()}"
     return f"{text}\n\n{state}" if state else text
 
 

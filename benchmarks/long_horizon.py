@@ -1,0 +1,174 @@
+"""Long horizons: summaries trained in the loop vs truncation vs an untrained summary prompt.
+
+The long task set (`shipyard.envs.long_tasks`, `tasks.set = "long"`) gives workspaces whose rules
+are spread over modules that do not fit the policy's deliberately small context window
+(`agent.max_session_tokens`), so a session has to work across several contexts. Three policies
+play the same held-out long tasks with the same seeds and the same window:
+
+- `trained_summaries`: RL-trained with self-summarization in the loop (`agent.summary.mode =
+  "summarize"`, every segment gets the session's advantage), evaluated summarizing;
+- `truncation`: RL-trained for the same steps with `mode = "truncate"` (at the same trigger the
+  context is dropped and restarts from the task and the kept state, without a summary),
+  evaluated truncating: the same training compute, no summaries;
+- `prompt_summaries`: the untrained base policy asked for summaries by the same prompt.
+`base_truncation` (the base policy, truncating) is reported for reference.
+
+Success = every hidden test passed (pass@1 of one seeded sample at the eval temperature), with
+Wilson 95% intervals and paired differences over the same tasks. Writes
+benchmarks/results/long_horizon.json with `n_tasks`, `context_tokens` (the window),
+`success_trained_summaries`, `success_truncation`, `success_prompt_summaries`,
+`max_session_tokens` (the most tokens one session processed across its contexts, trained
+summaries), CIs, paired differences and per-condition summary metrics.
+
+    python benchmarks/long_horizon.py --quick     # tiny random model, 2 steps, < 1 minute
+    python benchmarks/long_horizon.py             # SmolLM2-135M, configs/long.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shipyard.config import load_config
+from shipyard.config.schema import ShipyardConfig
+from shipyard.eval.stats import paired_diff_ci
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console(width=130)
+
+QUICK = [  # tiny random model: checks the wiring end to end, the numbers mean nothing
+    "tasks.set=long",
+    "tasks.num_generated=24",
+    "tasks.long_modules=3",
+    "tasks.long_filler_lines=0",
+    "agent.max_turns=4",
+    "agent.max_session_tokens=512",
+    "agent.summarize_at_frac=0.6",
+    "agent.summary.max_tokens=24",
+    "sampling.max_tokens=24",
+    "run.placement=local",
+]
+
+
+def _cfg(args: argparse.Namespace, tmp: Path, name: str, mode: str, extra: list[str]) -> ShipyardConfig:
+    base = "configs/tiny.toml" if args.quick else args.config
+    overrides = [
+        f"agent.summary.mode={mode}",
+        f"trainer.steps={args.steps}",
+        "run.eval_before_after=false",
+        f'run.name="{name}"',
+        f'run.output_dir="{tmp}"',
+        f'store.root="{tmp / name / "store"}"',
+        f"eval.heldout_n={args.n_tasks}",
+        'eval.suites=["heldout"]',
+        f'eval.label="{name}"',
+        *(QUICK if args.quick else []),
+        *extra,
+    ]
+    return load_config(ROOT / base, overrides)
+
+
+def _evaluate(cfg: ShipyardConfig, version: int | None) -> dict[str, Any]:
+    from shipyard.eval.command import run_eval
+
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"version": version})})
+    return run_eval(cfg)["heldout"]
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
+    from shipyard.orchestrate.train import train
+
+    res: dict[str, dict[str, Any]] = {}
+    for name, mode in (("trained_summaries", "summarize"), ("truncation", "truncate")):
+        cfg = _cfg(args, tmp, name, mode, args.override)
+        t0 = time.time()
+        if not (tmp / name / "store" / "weights" / "LATEST").is_file() or not args.reuse:
+            train(cfg)
+        res[name] = {**_evaluate(cfg, args.steps), "train_s": time.time() - t0}
+    for name, mode in (("prompt_summaries", "summarize"), ("base_truncation", "truncate")):
+        res[name] = _evaluate(_cfg(args, tmp, name, mode, args.override), None)
+    return res
+
+
+def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.Namespace) -> dict[str, Any]:
+    table = Table(title=f"long horizon: window {cfg.agent.max_session_tokens} tokens, {args.n_tasks} tasks")
+    for col in (
+        "policy",
+        "success",
+        "95% CI",
+        "summaries/session",
+        "tokens/session",
+        "max tokens",
+        "budget hit",
+    ):
+        table.add_column(col)
+    for name, r in res.items():
+        table.add_row(
+            name,
+            f"{r['pass1']:.3f}",
+            f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]",
+            f"{r.get('summaries_mean', 0):.2f}",
+            f"{r.get('session_tokens_mean', 0):.0f}",
+            f"{r.get('session_tokens_max', 0):.0f}",
+            f"{r.get('hit_budget_unfinished_mean', 0):.2f}",
+        )
+    console.print(table)
+    ts = res["trained_summaries"]
+    diffs = {
+        other: paired_diff_ci(res[other]["passed"], ts["passed"])
+        for other in ("truncation", "prompt_summaries", "base_truncation")
+    }
+    for other, (d, lo, hi) in diffs.items():
+        console.print(f"trained_summaries - {other}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired, 95%)")
+    return {
+        "n_tasks": ts["n"],
+        "context_tokens": cfg.agent.max_session_tokens,
+        "success_trained_summaries": ts["pass1"],
+        "success_truncation": res["truncation"]["pass1"],
+        "success_prompt_summaries": res["prompt_summaries"]["pass1"],
+        "success_base_truncation": res["base_truncation"]["pass1"],
+        "max_session_tokens": ts.get("session_tokens_max", 0),
+        **{f"ci95_{k}": r["ci95"] for k, r in res.items()},
+        **{f"diff_vs_{k}": list(v) for k, v in diffs.items()},
+        "train_steps": args.steps,
+        "model": "tiny" if args.quick else cfg.model.source,
+        "machine": f"{platform.machine()} {platform.node()} ({os.cpu_count()} cores)",
+        "date": time.strftime("%Y-%m-%d"),
+        "detail": {k: {m: v for m, v in r.items() if m not in ("passed", "rewards")} for k, r in res.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny random model, 2 steps (< 1 minute)")
+    ap.add_argument("--config", default="configs/long.toml")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per trained policy")
+    ap.add_argument("--n-tasks", type=int, default=None, help="held-out long tasks evaluated")
+    ap.add_argument("--workdir", default=None, help="keep runs here (default: runs/long_horizon)")
+    ap.add_argument("--reuse", action="store_true", help="evaluate finished runs in --workdir again")
+    ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/long_horizon[_quick].json")
+    args = ap.parse_args()
+    args.steps = args.steps or (2 if args.quick else 12)
+    args.n_tasks = args.n_tasks or (6 if args.quick else 60)
+    tmp = Path(args.workdir or ROOT / ("runs/long_horizon_quick" if args.quick else "runs/long_horizon"))
+    args.out = args.out or str(ROOT / f"benchmarks/results/long_horizon{'_quick' if args.quick else ''}.json")
+    t0 = time.time()
+    res = run(args, tmp)
+    out = report(res, _cfg(args, tmp, "report", "summarize", args.override), args)
+    out["minutes"] = (time.time() - t0) / 60
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    console.print(f"wrote {args.out} ({out['minutes']:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()
