@@ -65,8 +65,6 @@ class InferenceConfig(_Section):
     """Port for `shipyard serve`; 0 picks a free one."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads for the engine."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Precision of the engine's copy of the policy (bf16: faster where supported, more mismatch)."""
     deterministic: bool = False
     """Batch-invariant sampling: each request runs as its own batch, so its logits do not depend on
     what else is sampled with it (costs the batching speedup; see docs/mismatch.md)."""

@@ -76,7 +76,6 @@ class InferenceNode:
 
         torch.set_num_threads(cfg.inference.threads)
         model, self.tokenizer = load_model(cfg.model)
-        model = model.to(getattr(torch, cfg.inference.dtype))
         self.engine = EmbeddedEngine(
             model,
             self.tokenizer,
