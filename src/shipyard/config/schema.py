@@ -428,8 +428,14 @@ class EvalConfig(_Section):
     """Held-out generated tasks evaluated before and after training."""
     humaneval_n: int = Field(164, ge=1, le=164)
     """HumanEval problems evaluated by `shipyard eval`."""
-    suites: list[Literal["humaneval", "heldout"]] = ["humaneval", "heldout"]
-    """What `shipyard eval` evaluates: HumanEval and/or the held-out generated tasks."""
+    suites: list[Literal["humaneval", "heldout", "db", "repo"]] = ["humaneval", "heldout"]
+    """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), and held-out
+    database (`db`, `db_n` tasks) and repository (`repo`, `repo_n` tasks) tasks that training never sees
+    (`shipyard.orchestrate.components.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
+    db_n: int = Field(10, ge=1)
+    """Held-out db tasks of the `db` suite: generator instances after the `tasks.num_db` trained ones."""
+    repo_n: int = Field(10, ge=1)
+    """Held-out repo tasks of the `repo` suite: defects none of the `tasks.num_repo` trained tasks has."""
     temperature: float = Field(0.0, ge=0)
     """Sampling temperature for evaluation (0 = greedy pass@1)."""
     version: int | None = None

@@ -1,9 +1,14 @@
-"""`shipyard eval`: pass@1 of any weight version on HumanEval and the held-out generated tasks.
+"""`shipyard eval`: pass@1 of any weight version on HumanEval and the held-out tasks of each kind.
 
 Contract: loads the configured base model, optionally swaps in ``eval.version`` from the store
-(verified), runs the policy in an in-process embedded engine, and evaluates ``eval.humaneval_n``
-HumanEval problems and ``eval.heldout_n`` held-out generated tasks with the training harness.
-Merges ``<label>_pass1`` (and its CI, n) into ``<results_dir>/humaneval.json``.
+(verified), runs the policy in an in-process embedded engine, and evaluates the suites of
+``eval.suites`` with the training harness: ``eval.humaneval_n`` HumanEval problems,
+``eval.heldout_n`` held-out generated tasks, and ``eval.db_n`` / ``eval.repo_n`` held-out db and
+repo tasks (:func:`shipyard.orchestrate.components.heldout_tasks`: none trained on). db and repo
+sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
+squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
+every hidden test or SQL check passed whatever ``rewards.weights`` says. Merges ``<label>_pass1``
+(and its CI, n) into ``<results_dir>/humaneval.json``; returns every suite's result.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from shipyard.config.schema import ShipyardConfig
+from shipyard.config.schema import RewardsConfig, ShipyardConfig
 from shipyard.eval.evaluate import evaluate
-from shipyard.orchestrate.components import session_spec, task_splits
+from shipyard.orchestrate.components import heldout_tasks, session_spec, task_splits
+
+ENV_SUITES = ("db", "repo")
+"""Suites whose sessions run through the environment (services, repositories, their graders)."""
 
 console = Console()
 
@@ -25,6 +33,7 @@ console = Console()
 def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     import torch
 
+    from shipyard.envs.environment import Environment
     from shipyard.envs.humaneval import humaneval_tasks
     from shipyard.inference.client import LocalInferenceClient
     from shipyard.inference.engine import EmbeddedEngine
@@ -42,15 +51,23 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     suites = {
         "humaneval": humaneval_tasks(cfg.eval.humaneval_n) if "humaneval" in cfg.eval.suites else [],
         "heldout": task_splits(cfg)[1][: cfg.eval.heldout_n] if "heldout" in cfg.eval.suites else [],
+        "db": heldout_tasks(cfg, "db", cfg.eval.db_n) if "db" in cfg.eval.suites else [],
+        "repo": heldout_tasks(cfg, "repo", cfg.eval.repo_n) if "repo" in cfg.eval.suites else [],
     }
+    env = Environment(cfg.sandbox, cfg.services, RewardsConfig(), cfg.anticheat)
     out: dict[str, Any] = {}
     for name, tasks in suites.items():
         if not tasks:
             continue
-        with Progress(console=console) as bar:
+        with Progress(console=console) as bar, env:  # env: services stop after each suite
             t = bar.add_task(f"{name} ({cfg.eval.label})", total=len(tasks))
             res = evaluate(
-                spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, lambda t=t: bar.advance(t)
+                spec,
+                tasks,
+                cfg.eval.temperature,
+                cfg.rollout.concurrency,
+                lambda t=t: bar.advance(t),
+                env=env if name in ENV_SUITES else None,
             )
         lo, hi = res.ci95()
         out[name] = {"n": res.n, "pass1": res.pass_rate, "ci95": [lo, hi], "errors": res.errors}

@@ -14,11 +14,15 @@ import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shipyard.agent.session import SessionSpec, run_session
 from shipyard.agent.types import Trajectory
 from shipyard.envs.types import Task
 from shipyard.eval.stats import wilson_ci
+
+if TYPE_CHECKING:
+    from shipyard.envs.environment import Environment
 
 
 @dataclass
@@ -47,23 +51,30 @@ def evaluate(
     temperature: float,
     concurrency: int = 8,
     on_done: Callable[[], None] | None = None,
+    env: Environment | None = None,
 ) -> EvalResult:
-    """Pass@1 of ``spec``'s policy on ``tasks``; ``on_done`` is called after each session."""
+    """Pass@1 of ``spec``'s policy on ``tasks``; ``on_done`` is called after each session.
+
+    With ``env`` every session runs through its hooks (:meth:`Environment.play`: db and repo tasks
+    get their sandboxes, services and graders; anti-cheat flags are counted in ``extra["flagged"]``).
+    """
     sampling = spec.sampling.model_copy(update={"temperature": temperature})
     spec = dataclasses.replace(spec, sampling=sampling)
 
     def one(task: Task) -> Trajectory:
-        segments = run_session(spec, task, f"eval/{task.id}", 0)
+        gid = f"eval/{task.id}"
+        segments = env.play(spec, task, gid, 0) if env is not None else run_session(spec, task, gid, 0)
         if on_done is not None:
             on_done()
         return dataclasses.replace(segments[-1], num_turns=sum(s.num_turns for s in segments))
 
     with ThreadPoolExecutor(concurrency, thread_name_prefix="eval") as pool:
         trajs = list(pool.map(one, tasks))
+    flagged = {"flagged": float(sum(bool(tr.flags) for tr in trajs))} if env is not None else {}
     return EvalResult(
         task_ids=[t.id for t in tasks],
         passed=[int(tr.reward >= 1.0 and tr.error is None) for tr in trajs],
         rewards=[tr.reward for tr in trajs],
         errors=sum(tr.error is not None for tr in trajs),
-        extra={"turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1)},
+        extra={"turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1), **flagged},
     )
