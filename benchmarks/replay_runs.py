@@ -76,7 +76,7 @@ def summary(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> dict[str, An
         out[name] = {
             "steps": len(series["mismatch/k3"]),
             **{
-                f"mean_{k.split('/')[-1]}": (sum(v for _, v in s) / len(s) if s else None)
+                f"mean_{k.replace('/', '_')}": (sum(v for _, v in s) / len(s) if s else None)
                 for k, s in series.items()
             },
             "series": {k: s for k, s in series.items()},
