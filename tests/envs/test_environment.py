@@ -132,6 +132,49 @@ def test_unreachable_judge_costs_its_weight_only() -> None:
     assert res.details["judge"]["error"].startswith("judge call failed") and "flags" not in res.details
 
 
+def test_judge_self_is_the_workers_own_server(tmp_path: Path) -> None:
+    from shipyard.envs.rewards.judge import RubricJudge, resolve_self
+    from shipyard.orchestrate.components import build_worker
+
+    judge = JudgeConfig(base_url="self")
+    assert resolve_self(judge, "http://127.0.0.1:8123/").base_url == "http://127.0.0.1:8123/v1"
+    other = JudgeConfig(base_url="http://judge.internal:9000/v1")
+    assert resolve_self(other, "http://127.0.0.1:8123") is other
+    with pytest.raises(ValueError, match="'self' .* is resolved by the rollout worker"):
+        RubricJudge(judge)
+    with pytest.raises(ValueError, match="server URL 'unix:/x' is not http"):
+        resolve_self(judge, "unix:/x")
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'store.root="{tmp_path}"',
+            'rewards.judge.base_url="self"',
+            "rewards.weights={tests=0.5, judge=0.5}",
+        ],
+    )
+    store = LocalStore(tmp_path)
+    node = InferenceNode(cfg, store)
+    try:
+        worker = build_worker(cfg, "w0", node.url, store)
+        assert worker.env.judge is not None and worker.env.judge.url == f"{node.url}/v1/chat/completions"
+        assert cfg.rewards.judge.base_url == "self"  # the caller's config is not rewritten
+        [traj] = worker.play_session(ADD, "g", 0)
+        verdict = worker.env.judge.score(ADD.prompt, "")
+    finally:
+        node.stop()
+    # the random tiny policy answered the judge's request: a reply that is no verdict, not a failed call
+    assert traj.error is None and set(traj.reward_components) == {
+        "tests",
+        "judge",
+        "judge/correctness",
+        "judge/quality",
+    }
+    assert traj.reward == pytest.approx(
+        0.5 * traj.reward_components["tests"] + 0.5 * traj.reward_components["judge"]
+    )
+    assert verdict.error is not None and verdict.error.startswith("unparseable verdict") and verdict.raw
+
+
 def test_worker_mixes_canaries_and_the_trainer_logs_hack_metrics(tmp_path: Path) -> None:
     cfg = load_config(
         ROOT / "configs/tiny.toml",

@@ -4,11 +4,15 @@ Contract: ``load_config(path, ["trainer.lr=1e-5", "run.name=x"])`` returns a val
 :class:`ShipyardConfig` or raises :class:`ConfigError` whose message names the file, the dotted
 field and the offending value. Override values are parsed as TOML literals (numbers, booleans,
 arrays, quoted strings) and fall back to bare strings. Derived values live in :func:`derive`.
+Relative ``tasks.files`` entries written in the file are resolved against the file's directory
+(:func:`_resolve_file_paths`); :func:`derive` makes the rest (overrides) absolute against the
+working directory, so the paths mean the same in every process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -73,6 +77,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
         source = str(p)
+        _resolve_file_paths(tree, p.parent)
     for text in overrides or []:
         parts, value = parse_override(text)
         _set_path(tree, parts, value)
@@ -84,8 +89,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         raise ConfigError(_format_errors(e, source)) from None
 
 
+def _resolve_file_paths(tree: dict[str, Any], base: Path) -> None:
+    """Make the relative ``tasks.files`` entries of a config file's ``tree`` absolute against ``base``."""
+    tasks = tree.get("tasks")
+    files = tasks.get("files") if isinstance(tasks, dict) else None
+    if isinstance(files, list):
+        tasks["files"] = [
+            os.path.abspath(base / f)
+            if isinstance(f, str) and not os.path.isabs(os.path.expanduser(f))
+            else f
+            for f in files
+        ]
+
+
 def derive(cfg: ShipyardConfig) -> ShipyardConfig:
-    """The one place where values are derived from others (none rewrite user-set values)."""
+    """The one place where values are derived from others (none rewrite user-set values; relative
+    ``tasks.files`` paths are made absolute against the working directory, ``~`` expanded)."""
+    cfg.tasks.files = [os.path.abspath(os.path.expanduser(f)) for f in cfg.tasks.files]
     return cfg
 
 

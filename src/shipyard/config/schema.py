@@ -222,7 +222,11 @@ class TasksConfig(_Section):
     num_repo: int = Field(0, ge=0)
     """Generated repository-level tasks added to the training set (`shipyard.envs.repo_tasks`)."""
     files: list[str] = []
-    """Task files in the documented format (docs/tasks.md) whose tasks are added to the training set."""
+    """Task files in the documented format (docs/tasks.md) whose tasks are added to the training set.
+    Made absolute once by `shipyard.config.load_config` (so every process, Ray actors included, reads
+    the same files): entries written in a config file are relative to that file's directory, CLI
+    overrides to the working directory; `~` is expanded. A config built in code without `load_config`
+    keeps what it was given (pass it through `shipyard.config.load.derive` to get absolute paths)."""
 
 
 class RolloutConfig(_Section):
@@ -467,7 +471,8 @@ class ServicesConfig(_Section):
 class JudgeConfig(_Section):
     base_url: str = ""
     """OpenAI-compatible endpoint ending in /v1 (Shipyard's own `shipyard serve` included); needed when a
-    `judge` component has weight."""
+    `judge` component has weight. `"self"`: each rollout worker's own inference server (the policy being
+    trained judges; its verdicts move with the weights; see `shipyard.envs.rewards.judge`)."""
     model: str = ""
     """Model name sent to the endpoint (Shipyard's server ignores it)."""
     api_key_env: str = ""

@@ -109,12 +109,23 @@ def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -
     )
 
 
+def with_judge_server(cfg: ShipyardConfig, url: str) -> ShipyardConfig:
+    """``cfg`` with ``rewards.judge.base_url = "self"`` resolved to the inference server at ``url``."""
+    from shipyard.envs.rewards.judge import resolve_self
+
+    judge = resolve_self(cfg.rewards.judge, url)
+    if judge is cfg.rewards.judge:
+        return cfg
+    return cfg.model_copy(update={"rewards": cfg.rewards.model_copy(update={"judge": judge})})
+
+
 def build_worker(cfg: ShipyardConfig, worker_id: str, url: str, store: Store) -> RolloutWorker:
     from shipyard.inference.client import HttpInferenceClient
     from shipyard.models.loading import load_tokenizer
 
     client = HttpInferenceClient(url)
     train, _ = task_splits(cfg)
+    cfg = with_judge_server(cfg, url)
     return RolloutWorker(worker_id, cfg, store, session_spec(cfg, client, load_tokenizer(cfg.model)), train)
 
 

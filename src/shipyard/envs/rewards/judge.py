@@ -14,6 +14,13 @@ are divided by ``scale``.
 unparseable verdict gives every aspect 0.0 and a ``error`` saying why, with the raw reply kept
 for inspection, so a flaky judge costs reward, not the session.
 
+``base_url = "self"`` (:data:`SELF`) names the run's own inference server: the rollout worker
+resolves it to ``<its server's URL>/v1`` (:func:`resolve_self`, called by
+:func:`shipyard.orchestrate.components.build_worker`), so the policy being trained is also the
+judge. Its verdicts then move with the weights (a judge that learns alongside the policy it
+grades); give a separate, fixed server's URL for a stable judge. A :class:`RubricJudge` built
+from an unresolved ``"self"`` is a ValueError.
+
 Limits: one judge call per session, at the judge's temperature; the judge sees the diff, not the
 test results (it scores what tests cannot: quality, scope, clarity); no retries.
 
@@ -36,6 +43,23 @@ import httpx
 from shipyard.config.schema import JudgeConfig
 
 _NUMBER = r"(-?\d+(?:\.\d+)?)(?:\s*/\s*\d+(?:\.\d+)?)?"
+SELF = "self"
+"""``rewards.judge.base_url`` meaning the run's own inference server (see the module docstring)."""
+
+
+def resolve_self(cfg: JudgeConfig, server_url: str) -> JudgeConfig:
+    """``cfg`` with ``base_url = "self"`` replaced by ``<server_url>/v1``; ``cfg`` itself otherwise.
+
+    ``server_url`` is an inference server's base URL (``http://host:port``, as
+    :attr:`shipyard.inference.server.InferenceServer.url` gives it).
+    """
+    if cfg.base_url.strip() != SELF:
+        return cfg
+    if not server_url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"cannot resolve rewards.judge.base_url = 'self': server URL {server_url!r} is not http(s)"
+        )
+    return cfg.model_copy(update={"base_url": server_url.rstrip("/") + "/v1"})
 
 
 @dataclass
@@ -109,6 +133,12 @@ class RubricJudge:
     def __init__(self, cfg: JudgeConfig, client: httpx.Client | None = None) -> None:
         if not cfg.base_url:
             raise ValueError("rewards.judge.base_url is empty; set the judge's OpenAI-compatible /v1 URL")
+        if cfg.base_url.strip() == SELF:
+            raise ValueError(
+                "rewards.judge.base_url = 'self' (the run's own inference server) is resolved by the rollout "
+                "worker (shipyard.orchestrate.components.build_worker); outside a training run give the "
+                "judge's OpenAI-compatible /v1 URL"
+            )
         if not cfg.rubric:
             raise ValueError("rewards.judge.rubric is empty; name at least one aspect")
         self.cfg = cfg
