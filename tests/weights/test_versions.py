@@ -1,6 +1,8 @@
 """Store layout of versions: snapshots every K, deltas between, manifest last, cheapest paths,
 fallback on missing or corrupted objects, readers never see a partial version, GC and leases."""
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -239,3 +241,43 @@ def test_hundred_versions_through_the_store_replay_to_the_same_digest(tmp_path: 
     for step in deltas_only:  # all 99 deltas applied in place, one after the other
         state = reader.apply(manifests[step.version], "delta", state, state)
     assert same_state(state, last)
+
+
+KILLED_PUBLISHER = """
+import os, signal, sys, torch
+from shipyard.store import LocalStore
+from shipyard.weights.publisher import WeightPublisher
+
+class DiesAfterThreeShards(LocalStore):
+    def put(self, key, data):
+        super().put(key, data)
+        if "/delta-" in key and sum("/delta-" in k for k in self.list("weights/")) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+states = torch.load(sys.argv[2])
+pub = WeightPublisher(DiesAfterThreeShards(sys.argv[1]), snapshot_every=100, shard_bytes=4_000, connections=1)
+pub.publish(1, states[1])
+"""
+
+
+def test_killed_publish_resumes_without_resending_shards(tmp_path: Path, same_state) -> None:
+    g = torch.Generator().manual_seed(7)
+    base = {f"layer{i}": torch.randn(64, 64, generator=g) for i in range(12)}
+    states = [
+        {k: (t + d * 1e-2 * torch.randn(t.shape, generator=g)).bfloat16() for k, t in base.items()}
+        for d in (0, 1)
+    ]
+    WeightPublisher(LocalStore(tmp_path / "store"), snapshot_every=100).publish(0, states[0])
+    torch.save(states, tmp_path / "states.pt")
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_PUBLISHER, str(tmp_path / "store"), str(tmp_path / "states.pt")]
+    )
+    assert proc.returncode == -9
+    store = LocalStore(tmp_path / "store")
+    assert latest_version(store) == 0 and not store.exists(manifest_key(1)), "no partial version is visible"
+    m = WeightPublisher(store, snapshot_every=100, shard_bytes=4_000).publish(1, states[1])
+    shards = m.encodings["delta"].shards
+    assert len(shards) > 3
+    resent = store.stats.bytes_written - len(store.get(manifest_key(1))) - len(store.get("weights/LATEST"))
+    assert resent == sum(s.size for s in shards[3:]), "the 3 shards stored before the kill are not sent again"
+    assert same_state(load_version(store, 1), states[1])
