@@ -84,7 +84,7 @@ from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.anticheat import detect
 from shipyard.envs.grader import grade
 from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
-from shipyard.envs.sandbox.bwrap import leftovers
+from shipyard.envs.sandbox.bwrap import descendants, leftovers
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.tasks import generated_tasks
 
@@ -187,7 +187,7 @@ def bench_pool_idle(n: int) -> dict[str, float]:
         assert pool.wait_warm(300)
         time.sleep(0.2)
         boxes = [sb for sb in pool.warm_sandboxes() if isinstance(sb, BwrapSandbox) and sb.session_pid]
-        pids = [p for sb in boxes for p in _descendants(sb.session_pid or 0)]
+        pids = [p for sb in boxes for p in descendants(sb.session_pid or 0)]
         per = len(boxes)
         out = {
             "pool_idle_n": per,
@@ -283,17 +283,6 @@ def bench_pytest(rounds: int) -> dict[str, float]:
     }
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in os.listdir(f"/proc/{p}/task"):
-            with open(f"/proc/{p}/task/{task}/children") as f:
-                todo += [int(c) for c in f.read().split()]
-    return out
-
-
 def _status_kib(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
@@ -311,7 +300,7 @@ def bench_idle(n: int = 5) -> dict[str, float]:
             sb.exec("true")
             time.sleep(0.05)
             assert sb.session_pid is not None
-            pids = _descendants(sb.session_pid)
+            pids = descendants(sb.session_pid)
             procs.append(len(pids))
             rss.append(sum(_status_kib(p, "VmRSS") for p in pids) / 1024)
             anon.append(sum(_status_kib(p, "RssAnon") for p in pids) / 1024)

@@ -26,6 +26,7 @@ from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.grader import grade
 from shipyard.envs.sandbox import MAX_FILE_MB, TMPFS_MB, BwrapSandbox, sandbox_available, seccomp
+from shipyard.envs.sandbox.bwrap import descendants
 from shipyard.envs.tasks import generated_tasks
 from shipyard.envs.types import Task
 
@@ -93,17 +94,6 @@ def _gone(cgroup: str | None, within_s: float = 30.0) -> bool:
     while _sandbox_pids(cgroup) and time.monotonic() < deadline:
         time.sleep(0.02)
     return _sandbox_pids(cgroup) == []
-
-
-def _descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        out.add(p)
-        for task in os.listdir(f"/proc/{p}/task"):
-            with open(f"/proc/{p}/task/{task}/children") as f:
-                todo += [int(c) for c in f.read().split()]
-    return out
 
 
 def _only_left(cgroup: str | None, keep: set[int], within_s: float = 30.0) -> bool:
@@ -237,7 +227,7 @@ def test_hidden_tests_unreadable() -> None:
 
 def test_fork_bomb_contained(box: BwrapSandbox) -> None:
     box.exec("true")
-    idle = _descendants(box.session_pid or 0)  # the session's own processes, between commands
+    idle = set(descendants(box.session_pid or 0))  # the session's own processes, between commands
     start = time.monotonic()
     res = box.exec("b() { b | b & }; b; sleep 30", timeout_s=1.5)
     assert res.timed_out or res.returncode != 0

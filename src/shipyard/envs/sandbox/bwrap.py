@@ -340,6 +340,19 @@ def reap_stale() -> int:
     return removed
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (host pids, from ``/proc/PID/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return out
+
+
 def leftovers(roots: Sequence[str]) -> dict[str, int]:
     """What sandboxes with these workspace ``roots`` left on the host: live processes whose
     command line names a root, mounts naming one, roots still on disk, and this process's
