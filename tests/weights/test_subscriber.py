@@ -138,3 +138,22 @@ def test_relay_retracts_a_version_that_fails_to_decode(tmp_path: Path) -> None:
     assert relay.version == 0 and torch.equal(relay.state["w"], states[0]["w"]), (
         "state reloaded from the mirror"
     )
+
+
+def test_bf16_versions_feed_an_fp32_engine(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    trainer, _ = load_model(ModelConfig(source="tiny"))
+    served, tok = load_model(ModelConfig(source="tiny"))  # fp32 engine
+    engine = EmbeddedEngine(served, tok, max_batch=1, version=0)
+    store = LocalStore(tmp_path)
+    pub = WeightPublisher(store, dtype=torch.bfloat16)  # fp32 master, bf16 versions
+    pub.publish(0, named_params(trainer))
+    sub = WeightSubscriber(store, EngineSink(engine), name="fp32-server")
+    _adam_steps(trainer, 1)
+    m = pub.publish(1, named_params(trainer))
+    assert {t.dtype for t in m.tensors.values()} == {"bfloat16"}
+    assert sub.poll_once() and engine.version == 1 and sub.adopted[-1]["path"] == ["1:delta"]
+    for k, t in named_params(trainer).items():
+        got = named_params(served)[k]
+        assert got.dtype == torch.float32 and torch.equal(got, t.to(torch.bfloat16).float()), k
+    sub.stop()

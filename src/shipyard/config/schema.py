@@ -416,6 +416,10 @@ class WeightsConfig(_Section):
     """A subscriber that has not renewed its store record for this long no longer pins versions."""
     cache_dir: str | None = None
     """Where subscribers keep resumable downloads (none = a temporary directory per subscriber)."""
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    """Dtype versions are published in, i.e. the serving precision (none = the trainer's own). bf16
+    versions of an fp32-master model change far fewer bits per step, so deltas are far smaller; an
+    engine of another dtype converts when it applies them."""
 
 
 class RelayConfig(_Section):

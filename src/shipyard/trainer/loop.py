@@ -61,6 +61,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         shard_bytes=int(cfg.weights.shard_mb * (1 << 20)),
         workers=cfg.weights.workers,
         connections=cfg.store.connections,
+        dtype=getattr(torch, cfg.weights.dtype) if cfg.weights.dtype else None,
     )
     if not publisher.has(state["step"]):
         publisher.publish(state["step"], named_params(model))

@@ -105,6 +105,7 @@ class WeightPublisher:
         connections: int = 8,
         lease_ttl_s: float = 120.0,
         deltas: bool = True,
+        dtype: Any | None = None,
     ) -> None:
         if keep < 1 or snapshot_every < 1 or shard_bytes < 1:
             raise ValueError(
@@ -118,6 +119,8 @@ class WeightPublisher:
         self.connections = connections
         self.lease_ttl_s = lease_ttl_s
         self.deltas = deltas
+        self.dtype = dtype
+        """torch dtype versions are published in (the serving dtype); None keeps the tensors' own."""
         """False: every version is a full snapshot (the baseline that ships whole models)."""
         self._parent: dict[str, Any] | None = None
         self._parent_version: int | None = None
@@ -170,7 +173,9 @@ class WeightPublisher:
         return (
             p is not None
             and set(p) == set(tensors)
-            and all(p[k].dtype == t.dtype and p[k].shape == t.shape for k, t in tensors.items())
+            and all(
+                p[k].dtype == (self.dtype or t.dtype) and p[k].shape == t.shape for k, t in tensors.items()
+            )
         )
 
     def _write(
@@ -198,7 +203,7 @@ class WeightPublisher:
                 )
 
             def code(name: str) -> tuple[str, str, dict[str, bytes]]:
-                t = tensors[name].detach().to("cpu").contiguous()
+                t = tensors[name].detach().to("cpu", self.dtype).contiguous()
                 blobs = {}
                 if parent is not None:
                     blobs["delta"] = encode_delta(parent[name], t)
@@ -213,7 +218,8 @@ class WeightPublisher:
 
             for name, digest, blobs in _ordered_map(code, list(tensors), self.workers):
                 t = tensors[name]
-                entries[name] = TensorEntry(str(t.dtype).removeprefix("torch."), list(t.shape), digest)
+                dtype = str(self.dtype or t.dtype).removeprefix("torch.")
+                entries[name] = TensorEntry(dtype, list(t.shape), digest)
                 for kind, blob in blobs.items():
                     writers[kind].add(name, blob)
             codecs = {"delta": CODEC_DELTA, "snapshot": CODEC_SNAPSHOT}

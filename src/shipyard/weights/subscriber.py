@@ -125,7 +125,7 @@ class WeightSubscriber:
         fetched0 = self.reader.stats.bytes_fetched
         live = self.sink.live()
         if self._staging is None:
-            self._staging = {k: t.detach().clone() for k, t in live.items()}
+            self._staging = self._new_staging(live, hint)
             self._staging_version = cur
         # staging still equal to the live weights: decode in place, no copy of what did not change
         base = self._staging if self._staging_version == cur else live
@@ -156,6 +156,15 @@ class WeightSubscriber:
         self._renew(latest)
         self.reader.clear_cache(below=latest)
         return True
+
+    @staticmethod
+    def _new_staging(live: Mapping[str, Any], hint: Any) -> dict[str, Any]:
+        """A copy of the live weights in the published dtypes (a bf16 store may feed an fp32
+        engine: decoding runs on the published bits, the engine converts when it applies)."""
+        import torch
+
+        dtypes = {k: getattr(torch, t.dtype) for k, t in hint.tensors.items()} if hint is not None else {}
+        return {k: t.detach().to(dtypes.get(k, t.dtype), copy=True) for k, t in live.items()}
 
     def _renew(self, version: int) -> None:
         write_record(self.store, self.name, version, self.lease_ttl_s)
