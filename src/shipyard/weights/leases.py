@@ -81,7 +81,7 @@ def collect_garbage(
     for rec in records:
         if not rec.live(now):
             remove_record(store, rec.name)
-    pinned = [r.version for r in records if r.live(now)]
+    pinned = [r.version for r in records if r.live(now) and r.version >= 0]  # -1: holds nothing yet
     latest = latest_version(store)
     manifests = read_manifests(store, cache=cache)
     need = needed_versions(manifests, latest, pinned, keep)
