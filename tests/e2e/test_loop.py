@@ -1,5 +1,6 @@
 """The whole loop on a tiny model: async and sync runs, kill-and-resume, through the real store."""
 
+import itertools
 import os
 import signal
 import subprocess
@@ -127,3 +128,7 @@ def test_killed_run_resumes_without_losing_versions_or_reusing_rollouts(tmp_path
         assert v == 0 or read_manifest(store, v).state_digest == digests[v]
     for step, digest in before_kill.items():
         assert digests[step] == digest, f"version {step} was republished with different weights"
+    elapsed = [
+        r["time/elapsed_s"] for r in sorted(records, key=lambda r: r["step"]) if r.get("kind") == "train"
+    ]
+    assert all(b > a for a, b in itertools.pairwise(elapsed)), f"the clock restarted on resume: {elapsed}"

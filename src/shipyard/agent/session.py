@@ -18,7 +18,10 @@ full summary would no longer fit the window, see :meth:`_Session.feed_back`), th
 is appended to it in the same user turn and the policy's summary is sampled like any turn (``loss_mask = 1``);
 that ends the segment, and the session goes on in a fresh context built from the task, the
 summary's text and the state the harness keeps (:mod:`shipyard.agent.summarize`), tokenized once
-as environment tokens. Each segment is token-exact on its own. :func:`run_session` returns the
+as environment tokens. With ``agent.summary.mode = "truncate"`` (the baseline) the same trigger
+drops the context instead: no summary is sampled, the next segment holds the task and the kept
+state only (its predecessor ends with ``finish = "truncated"``). Each segment is token-exact on
+its own. :func:`run_session` returns the
 segments (one when summarization is off or never triggered); every segment carries the
 session's reward. Seeds are per sampled turn of the session, so with summarization off a session
 samples exactly as before segments existed.
@@ -273,6 +276,8 @@ class _Session:
             after = len(self.rec.ids) + len(ids)
             later = after + self.spec.sampling.max_tokens + len(request) + cfg.max_tokens
             if after >= at or later > agent.max_session_tokens:
+                if cfg.mode == "truncate":
+                    return self._truncate(sb, feedback)
                 return self._summarize(sb, request, feedback)
         self.rec.add_env(ids)
         return True
@@ -289,6 +294,15 @@ class _Session:
         self.stats.add(summarized, len(res.token_ids))
         summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
         message = resume_message(first_message(self.task), summary, carried_state(sb, feedback, cfg))
+        self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
+        return True
+
+    def _truncate(self, sb: Sandbox, feedback: str) -> bool:
+        """Baseline to summarizing: drop the context, open the next from the task and the kept state."""
+        self.traj.finish = "truncated"
+        self.stats.add(len(self.rec.ids), 0)
+        state = carried_state(sb, feedback, self.spec.agent.summary)
+        message = resume_message(first_message(self.task), None, state)
         self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
         return True
 

@@ -76,6 +76,10 @@ class SummaryConfig(_Section):
     """How a session summarizes itself when its context reaches `agent.summarize_at_tokens` (or
     `agent.summarize_at_frac`), and how the trainer credits the segments. See docs/agent.md."""
 
+    mode: Literal["summarize", "truncate"] = "summarize"
+    """What happens at the threshold. `summarize`: the policy writes a summary that opens the next
+    context. `truncate` (the baseline): no summary; the next context holds the task and the kept state
+    (`keep`) only, i.e. the old turns are dropped. Same trigger and budget either way."""
     instruction: str = (
         "Your context is almost full. Summarize your progress so far for yourself: what the task "
         "needs, what you found in the files, what you tried, what passed or failed, and what to do "
@@ -216,6 +220,14 @@ class TasksConfig(_Section):
     """Fraction of generated tasks held out for evaluation."""
     max_difficulty: int = Field(5, ge=1, le=5)
     """Highest difficulty level (1-5) of the run's tasks, training and held-out alike."""
+    set: Literal["functions", "long"] = "functions"
+    """The generated task set the run trains and holds out on: `functions` (`shipyard.envs.tasks`, sized
+    by `num_generated`, filtered by `max_difficulty`) or `long` (`shipyard.envs.long_tasks`: workspaces
+    that do not fit one small context; sized by `num_generated`, shaped by `long_modules`)."""
+    long_modules: int = Field(12, ge=2)
+    """Modules per long task (`set = "long"`); each states one rule whose constant lives in another."""
+    long_filler_lines: int = Field(6, ge=0)
+    """Filler comment lines per module of a long task (`set = "long"`): reading cost without content."""
     num_db: int = Field(0, ge=0)
     """Generated database-migration tasks added to the training set (`shipyard.envs.db_tasks`; needs
     the PostgreSQL server binaries, see `services.postgres`)."""

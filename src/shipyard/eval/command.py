@@ -70,7 +70,15 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
                 env=env if name in ENV_SUITES else None,
             )
         lo, hi = res.ci95()
-        out[name] = {"n": res.n, "pass1": res.pass_rate, "ci95": [lo, hi], "errors": res.errors}
+        out[name] = {
+            "n": res.n,
+            "pass1": res.pass_rate,
+            "ci95": [lo, hi],
+            "errors": res.errors,
+            "passed": res.passed,
+            "rewards": res.rewards,
+            **res.extra,
+        }
         console.print(
             f"{name} pass@1 ({cfg.eval.label}, version {cfg.eval.version}): {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] n={res.n}"
         )

@@ -5,7 +5,9 @@ evaluation temperature; 0 = greedy, so pass@1) through any :class:`InferenceClie
 in a fresh sandbox, and counts a task as passed only when every hidden test passed. Sessions
 run ``concurrency`` at a time so the server batches them. A crashed session counts as failed.
 A session that summarized itself is scored once (its reward is on every segment); its turns are
-summed over its segments.
+summed over its segments, and the means of its summary metrics (``summaries``, ``summary_tokens``,
+``session_tokens``, ``hit_budget_unfinished``; :mod:`shipyard.agent.summarize`) and the most
+``session_tokens`` of one session go to ``extra``.
 """
 
 from __future__ import annotations
@@ -76,5 +78,19 @@ def evaluate(
         passed=[int(tr.reward >= 1.0 and tr.error is None) for tr in trajs],
         rewards=[tr.reward for tr in trajs],
         errors=sum(tr.error is not None for tr in trajs),
-        extra={"turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1), **flagged},
+        extra={
+            "turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1),
+            **_session_means(trajs),
+            **flagged,
+        },
     )
+
+
+def _session_means(trajs: list[Trajectory]) -> dict[str, float]:
+    """Means of the summary metrics over sessions that carry them (``<metric>_mean``, module doc)."""
+    keys = ("summaries", "summary_tokens", "session_tokens", "hit_budget_unfinished")
+    with_metrics = [tr.metrics for tr in trajs if "summaries" in tr.metrics]
+    if not with_metrics:
+        return {}
+    out = {f"{k}_mean": sum(m[k] for m in with_metrics) / len(with_metrics) for k in keys}
+    return {**out, "session_tokens_max": max(m["session_tokens"] for m in with_metrics)}

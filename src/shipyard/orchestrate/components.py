@@ -20,15 +20,17 @@ from shipyard.store.types import Store
 
 
 def task_splits(cfg: ShipyardConfig) -> tuple[list[Task], list[Task]]:
-    """(training, held-out) tasks of the generated set, both up to ``tasks.max_difficulty``."""
+    """(training, held-out) tasks of the set ``tasks.set`` (functions: up to ``tasks.max_difficulty``)."""
     from shipyard.envs.tasks import generated_tasks, split_tasks
 
-    tasks = [
-        t
-        for t in generated_tasks(cfg.tasks.num_generated, cfg.tasks.seed)
-        if t.difficulty <= cfg.tasks.max_difficulty
-    ]
-    return split_tasks(tasks, cfg.tasks.heldout_frac, cfg.tasks.seed)
+    t = cfg.tasks
+    if t.set == "long":
+        from shipyard.envs.long_tasks import long_tasks
+
+        tasks = long_tasks(t.num_generated, t.seed, t.long_modules, t.long_filler_lines)
+    else:
+        tasks = [x for x in generated_tasks(t.num_generated, t.seed) if x.difficulty <= t.max_difficulty]
+    return split_tasks(tasks, t.heldout_frac, t.seed)
 
 
 HELDOUT_KINDS = ("function", "db", "repo")

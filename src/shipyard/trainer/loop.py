@@ -67,7 +67,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         publisher.publish(state["step"], named_params(model))
     feed = RolloutFeed(store, consumed=set(state["consumed"]))
     logger = MetricsLogger(run_dir)
-    t_start = time.time()
+    t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
         taken = feed.take(
@@ -81,7 +81,12 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         stats = train_step(
             model, optimizer, batch.trajectories, batch.advantages, cfg.trainer, tok.pad_token_id, **step_kw
         )
-        state = {"step": step, "consumed": sorted(feed.consumed), "idle_s": state["idle_s"] + taken.wait_s}
+        state = {
+            "step": step,
+            "consumed": sorted(feed.consumed),
+            "idle_s": state["idle_s"] + taken.wait_s,
+            "elapsed_s": time.time() - t_start,
+        }
         save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
         manifest = publisher.publish(step, named_params(model))
         t2 = time.time()
@@ -157,6 +162,7 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
 
 
 def _timing(t0: float, t1: float, t2: float, t_start: float) -> dict[str, float]:
+    """Step timings; ``time/elapsed_s`` is trainer time summed over the processes of a resumed run."""
     return {
         "time/wait_s": t1 - t0,
         "time/train_s": t2 - t1,
