@@ -15,6 +15,9 @@ workspace's starting files. :class:`Sandbox` is what the rest of Shipyard may ca
 - ``fork()``: a new, independent sandbox whose workspace starts as a copy of this one's.
 - ``close()``: kill everything, release every resource (idempotent); also ``with`` blocks.
 
+:class:`shipyard.envs.types.Sandbox` is the narrower part of this interface that an agent
+session needs (exec, read, write, files, close); every backend satisfies both.
+
 Backends: :mod:`.bwrap` (embedded default), :mod:`.microvm` (Firecracker, needs hardware KVM)
 and :mod:`.remote_morph` (Morph Cloud). A backend that cannot run on this host raises
 :class:`SandboxUnavailable` from its constructor with what is missing and how to get it.
