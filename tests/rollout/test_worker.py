@@ -1,5 +1,6 @@
 """Rollout worker against a real HTTP server: batches land in the store, crashes are recorded, sync waits."""
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,12 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
         assert worker.run(max_batches=3) == 3
     finally:
         node.stop()
+    # Sessions took pre-warmed sandboxes from the worker's pool; commands never exceeded its CPU slots.
+    pool = worker.sandbox_stats
+    sessions = 3 * 2 * 2
+    assert pool["warm_hits"] + pool["cold_creates"] == sessions and pool["warm_hits"] >= 1, pool
+    assert pool["created"] >= sessions and pool["peak_running"] <= (os.cpu_count() or 1), pool
+    assert worker.sandboxes is None and not list(Path("/tmp").glob(f"shipyard-sb-{os.getpid()}-*"))
     trajs = [
         t for k in store.list("rollouts/w0/") for t in RolloutBatch.from_bytes(store.get(k)).trajectories
     ]

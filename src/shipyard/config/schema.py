@@ -157,6 +157,9 @@ class SandboxPoolConfig(_Section):
     """Commands of the pool's sandboxes that run at once (CPU-bound work); 0: this host's core count."""
     acquire_timeout_s: float = Field(300.0, gt=0)
     """How long `acquire` waits for room under `max_live` before raising TimeoutError."""
+    rollouts: bool = True
+    """Rollout workers take function-task sandboxes from a pool (pre-warmed; commands of all sessions
+    share `cpu_slots`); false: each session creates its own sandbox."""
 
 
 class MicroVMConfig(_Section):

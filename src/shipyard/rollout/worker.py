@@ -15,7 +15,9 @@ appears in the store or ``stop`` is set; on restart it continues after its last 
 Environment: each session runs through the worker's :class:`~shipyard.envs.environment.Environment`
 (services such as PostgreSQL, squashed repositories, reward components, anti-cheat flags; closed
 when :meth:`RolloutWorker.run` returns), so every trajectory carries ``reward_components`` and
-``flags``. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
+``flags``. Function-task sessions take their sandbox from a :class:`SandboxPool` (pre-warmed,
+commands capped at the core count; ``sandbox.pool.rollouts``, closed when :meth:`run` returns);
+db and repo tasks get theirs from the environment. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
 files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``). With
 ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
 cheating, :func:`shipyard.envs.anticheat.canary_tasks`) with that probability.
@@ -34,6 +36,7 @@ from shipyard.agent.types import Trajectory
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.anticheat import canary_tasks
 from shipyard.envs.environment import Environment
+from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.task_format import extra_training_tasks
 from shipyard.envs.types import Task
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
@@ -59,6 +62,10 @@ class RolloutWorker:
         self.stop_event = threading.Event()
         self.env = Environment.from_config(cfg)
         self.canaries = canary_tasks()
+        self.sandboxes: SandboxPool | None = None
+        """Pre-warmed sandboxes for function tasks while :meth:`run` runs (``sandbox.pool.rollouts``)."""
+        self.sandbox_stats: dict[str, int] = {}
+        """The pool's counters when the last :meth:`run` ended (created, warm_hits, peak_running, ...)."""
 
     def should_stop(self) -> bool:
         return self.stop_event.is_set() or self.store.exists(FINISHED_KEY)
@@ -74,6 +81,8 @@ class RolloutWorker:
     def run(self, max_batches: int | None = None) -> int:
         """Produce batches until stopped; returns how many were written."""
         written = 0
+        if self.cfg.sandbox.pool.rollouts:
+            self.sandboxes = SandboxPool(self.cfg.sandbox)
         try:
             with ThreadPoolExecutor(
                 self.cfg.rollout.concurrency, thread_name_prefix=f"{self.worker_id}-s"
@@ -87,11 +96,16 @@ class RolloutWorker:
                     written += 1
         finally:
             self.env.close()  # stops services; a later run starts them again
+            if self.sandboxes is not None:
+                self.sandboxes.close()  # destroys every sandbox it made, handed out or warm
+                self.sandbox_stats = dict(self.sandboxes.stats)
+                self.sandboxes = None
         return written
 
     def play_session(self, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
         """One session through the environment's hooks; its trajectories carry components and flags."""
-        with self.env.session(task, self.spec.sandbox_factory, self.spec.grader) as hooks:
+        factory = self.sandboxes.acquire if self.sandboxes is not None else self.spec.sandbox_factory
+        with self.env.session(task, factory, self.spec.grader) as hooks:
             spec = dataclasses.replace(self.spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader)
             trajs = run_session(spec, task, group_id, sample_idx)
         hooks.annotate(trajs)
