@@ -14,6 +14,8 @@ replayed through :class:`~shipyard.models.router_replay.RouterSeam`. Reported (t
 :class:`~shipyard.trainer.mismatch.MismatchAccumulator` the trainer logs): k3 and k1 mismatch
 KL, |Δp|, routing disagreement (fraction of the sampler's expert choices the trainer's forward
 used differently; per layer; tokens with any difference), and for the dense model the same k3.
+As a control the same requests are also sampled by an fp32 copy (``fp32_sampler_*``: the
+mismatch left is batch composition and padding alone).
 Deterministic mode: the same request set generated batched and with ``deterministic=True``,
 wall-clock ratio, plus a bit-exactness check of one request across batch compositions.
 
@@ -218,7 +220,8 @@ def deterministic_cost(engine: EmbeddedEngine, reqs: list[GenerateRequest]) -> d
     for det in (False, True):
         engine.deterministic, engine.max_batch = det, 8
         [alone] = engine.generate([reqs[0]])
-        mixed = [engine.generate(reqs[1 : 1 + k] + [reqs[0]])[k] for k in (1, 3, 7)]
+        sizes = [k for k in (1, 3, 7) if k < len(reqs)]  # others sharing the batch
+        mixed = [engine.generate(reqs[1 : 1 + k] + [reqs[0]])[k] for k in sizes]
         exact[det] = all(m.logprobs == alone.logprobs for m in mixed)
     engine.deterministic = False
     return {
@@ -231,7 +234,8 @@ def deterministic_cost(engine: EmbeddedEngine, reqs: list[GenerateRequest]) -> d
 
 
 def run_model(kind: str, args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """Train, sample in bf16 with varied batches, recompute in fp32 (with/without replay for MoE)."""
+    """Train, sample with varied batches in bf16 (and, as a control, fp32), recompute in fp32 with and
+    without replay for the MoE; the deterministic-mode cost is timed on the bf16 sampler."""
     _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
     train, heldout = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
     model = bench_model(kind, args.vocab, args.seed)
@@ -246,17 +250,18 @@ def run_model(kind: str, args: argparse.Namespace, console: Console) -> dict[str
     }
     if moe_routers(model):
         out["expert_usage_entropy_bits"] = expert_entropy(model, heldout)
-    sampler = copy.deepcopy(model).to(torch.bfloat16)
-    engine = EmbeddedEngine(sampler, tok, max_batch=8)
     reqs = make_requests(heldout, args.samples, args.max_tokens, args.seed)
-    results = sample_varied(engine, reqs, args.seed)
-    out["sampled_tokens"] = sum(len(r.token_ids) for r in results)
-    if moe_routers(model):
-        out["no_replay"] = trainer_mismatch(model, reqs, results, replay=False)
-        out["replay"] = trainer_mismatch(model, reqs, results, replay=True)
-    else:
-        out["no_replay"] = trainer_mismatch(model, reqs, results, replay=None)
-    out["deterministic"] = deterministic_cost(engine, reqs[: args.det_samples])
+    for dtype, prefix in ((torch.bfloat16, ""), (torch.float32, "fp32_sampler_")):
+        engine = EmbeddedEngine(copy.deepcopy(model).to(dtype), tok, max_batch=8)
+        results = sample_varied(engine, reqs, args.seed)
+        out[f"{prefix}sampled_tokens"] = sum(len(r.token_ids) for r in results)
+        if moe_routers(model):
+            out[f"{prefix}no_replay"] = trainer_mismatch(model, reqs, results, replay=False)
+            out[f"{prefix}replay"] = trainer_mismatch(model, reqs, results, replay=True)
+        else:
+            out[f"{prefix}no_replay"] = trainer_mismatch(model, reqs, results, replay=None)
+        if dtype == torch.bfloat16:
+            out["deterministic"] = deterministic_cost(engine, reqs[: args.det_samples])
     console.print(
         f"{kind}: trained {args.steps} steps in {out['train_s']:.1f}s, {out['sampled_tokens']} tokens sampled"
     )
@@ -264,13 +269,16 @@ def run_model(kind: str, args: argparse.Namespace, console: Console) -> dict[str
 
 
 def table(moe: dict[str, Any], dense: dict[str, Any]) -> Table:
-    t = Table(title="Sampler (bf16, varied batches) vs trainer (fp32) mismatch")
+    t = Table(title="Sampler (bf16 unless noted, varied batches) vs trainer (fp32) mismatch")
     for col in ("model", "k3 mean", "k3 p99", "k1 mean", "max |Δp|", "routing disagree", "tokens any-layer"):
         t.add_column(col, justify="right")
     rows = [
         ("MoE, no replay", moe["no_replay"]),
         ("MoE, replay", moe["replay"]),
         ("dense", dense["no_replay"]),
+        ("fp32 sampler: MoE, no replay", moe["fp32_sampler_no_replay"]),
+        ("fp32 sampler: MoE, replay", moe["fp32_sampler_replay"]),
+        ("fp32 sampler: dense", dense["fp32_sampler_no_replay"]),
     ]
     for name, m in rows:
         dis = m.get("route_disagree")
@@ -300,6 +308,10 @@ def headline(moe: dict[str, Any], dense: dict[str, Any]) -> dict[str, Any]:
             k.split("/")[-1]: v for k, v in no.items() if k.startswith("route_disagree/")
         },
         "dense_k3": dense["no_replay"]["k3"],
+        "fp32_sampler_moe_k3_no_replay": moe["fp32_sampler_no_replay"]["k3"],
+        "fp32_sampler_moe_k3_replay": moe["fp32_sampler_replay"]["k3"],
+        "fp32_sampler_moe_routing_disagreement_no_replay": moe["fp32_sampler_no_replay"]["route_disagree"],
+        "fp32_sampler_dense_k3": dense["fp32_sampler_no_replay"]["k3"],
         "deterministic_slowdown": moe["deterministic"]["slowdown"],
         "deterministic_slowdown_dense": dense["deterministic"]["slowdown"],
     }
@@ -334,8 +346,8 @@ def main() -> None:
     args.samples = args.samples or (8 if args.quick else 48)
     args.max_tokens = args.max_tokens or (16 if args.quick else 48)
     args.det_samples = args.det_samples or (4 if args.quick else 16)
-    if min(args.steps, args.samples, args.max_tokens, args.det_samples) < 1:
-        raise ValueError("--steps, --samples, --max-tokens and --det-samples must be >= 1")
+    if min(args.steps, args.samples, args.max_tokens) < 1 or args.det_samples < 2:
+        raise ValueError("--steps, --samples and --max-tokens must be >= 1, --det-samples >= 2")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     console = Console(width=None if Console().is_terminal else 160)
