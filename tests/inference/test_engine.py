@@ -431,3 +431,26 @@ def test_deterministic_mode_is_batch_invariant(kind: str, request: pytest.Fixtur
     if kind == "smollm2":  # the test has teeth: batched, the same request's logprobs move
         alone, mixes = _target_in_mixes(EmbeddedEngine(model, tok, max_batch=4))
         assert any(res.logprobs != alone.logprobs for res in mixes)
+
+
+def test_routes_travel_over_http(moe: tuple[Any, Any]) -> None:
+    """Rollout workers talk to the engine over HTTP: routes and prompt routes survive the JSON."""
+    from shipyard.inference.client import HttpInferenceClient
+    from shipyard.inference.server import InferenceServer
+
+    model, tok = moe
+    engine = EmbeddedEngine(model, tok, max_batch=4)
+    [local] = engine.generate([GenerateRequest(PROMPTS[2], SamplingParams(max_tokens=5, seed=9))])
+    assert local.routes is not None
+    context = PROMPTS[2] + local.token_ids
+    follow = GenerateRequest(context, SamplingParams(max_tokens=4, seed=10), prompt_routes=local.routes)
+    [want] = engine.generate([follow])
+    with InferenceServer(engine) as server, HttpInferenceClient(server.url) as client:
+        [first, second] = client.generate(
+            [GenerateRequest(PROMPTS[2], SamplingParams(max_tokens=5, seed=9)), follow]
+        )
+    assert first.routes == local.routes and first.token_ids == local.token_ids
+    assert second.routes is not None and second.token_ids == want.token_ids  # batched with `first`
+    n = local.routes["n"]
+    assert (decode_routes(second.routes)[:n] == decode_routes(local.routes)).all()  # replayed exactly
+    assert second.logprobs == pytest.approx(want.logprobs, abs=1e-4)
