@@ -389,6 +389,9 @@ def test_prompt_routes_are_replayed_across_turns(moe: tuple[Any, Any]) -> None:
         assert res.routes is not None and res.routes["n"] == len(context) + len(res.token_ids) - 1
         assert (decode_routes(res.routes)[:n] == decode_routes(given)).all()
     assert second[1].logprobs != second[2].logprobs  # replayed (wrong) experts change the sampler's output
+    foreign = encode_routes(first_NLK.astype("int64"), [0, 5], 8)
+    with pytest.raises(ValueError, match="request 0: prompt_routes are for MoE layers \\[0, 5\\]"):
+        engine.generate([GenerateRequest(context, SamplingParams(max_tokens=2), prompt_routes=foreign)])
 
 
 def test_routes_off_for_dense_and_prompt_routes_rejected(dense: tuple[Any, Any]) -> None:

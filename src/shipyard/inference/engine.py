@@ -66,7 +66,7 @@ from transformers.cache_utils import DynamicLayer
 
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
-from shipyard.models.routes import decode_routes, encode_routes
+from shipyard.models.routes import encode_routes
 
 
 @dataclass
@@ -335,17 +335,7 @@ class EmbeddedEngine:
         if self.seam is None:
             raise ValueError(f"request {i}: prompt_routes given, but this engine records no MoE routes")
         routes = req.prompt_routes or {}
-        decode_routes(routes)  # raises ValueError on a malformed record
-        seam = self.seam
-        if (
-            list(routes["layers"]) != seam.layers
-            or routes["k"] != seam.top_k
-            or routes["experts"] != seam.num_experts
-        ):
-            raise ValueError(
-                f"request {i}: prompt_routes are for MoE layers {routes['layers']}, k={routes['k']}, "
-                f"{routes['experts']} experts; the model has {seam.layers}, k={seam.top_k}, {seam.num_experts}"
-            )
+        self.seam.check_record(routes, f"request {i}: prompt_routes")
         if routes["n"] > len(req.prompt_ids):
             raise ValueError(
                 f"request {i}: prompt_routes cover {routes['n']} positions, the prompt has {len(req.prompt_ids)}"

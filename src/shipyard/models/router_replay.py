@@ -122,6 +122,21 @@ class RouterSeam:
             r.register_forward_hook(self._hook(slot), with_kwargs=False) for slot, r in enumerate(routers)
         ]
 
+    def check_record(self, record: dict[str, Any], what: str) -> Any:
+        """Decoded ``[n, L, K]`` ids of a route record made for this model; ValueError naming ``what``
+        when it is malformed or made for other MoE layers, another ``k`` or another expert count."""
+        ids_NLK = decode_routes(record)
+        if (
+            list(record["layers"]) != self.layers
+            or record["k"] != self.top_k
+            or record["experts"] != self.num_experts
+        ):
+            raise ValueError(
+                f"{what} are for MoE layers {record['layers']}, k={record['k']}, {record['experts']} "
+                f"experts; the model has {self.layers}, k={self.top_k}, {self.num_experts}"
+            )
+        return ids_NLK
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
@@ -216,16 +231,7 @@ def route_plan(
     for b, record in enumerate(records):
         if record is None:
             continue
-        ids_NLK = decode_routes(record)
-        if (
-            list(record["layers"]) != seam.layers
-            or record["k"] != seam.top_k
-            or record["experts"] != seam.num_experts
-        ):
-            raise ValueError(
-                f"routes of sequence {b} are for MoE layers {record['layers']}, k={record['k']}, "
-                f"{record['experts']} experts; the model has {seam.layers}, k={seam.top_k}, {seam.num_experts}"
-            )
+        ids_NLK = seam.check_record(record, f"routes of sequence {b}")
         start = 0 if starts is None else starts[b]
         if start + ids_NLK.shape[0] > length:
             raise ValueError(
