@@ -200,6 +200,18 @@ def test_carried_state_and_resume_message() -> None:
         assert "Last tool output:\n" + clip_output("x" * 100, 40) in state and "characters cut" in state
         assert carried_state(sb, "out", SummaryConfig(keep=["last_output"])) == "Last tool output:\nout"
         assert carried_state(sb, "out", SummaryConfig(state_chars=0)) == ""
+    with BwrapSandbox({"pkg/a.py": "x = 1\n", "pkg/b.py": "y = 2\n"}, SandboxConfig(timeout_s=5)) as sb:
+        cfg = SummaryConfig(keep=["solution"])
+        assert carried_state(sb, "", cfg, "db") == "migration.sql has not been written yet."
+        assert carried_state(sb, "", cfg, "repo") == "No file has been changed yet."
+        sb.write("migration.sql", "ALTER TABLE t ADD COLUMN c int;\n")
+        sb.write("pkg/a.py", "x = 2\n")
+        assert carried_state(sb, "", cfg, "db") == (
+            "Current migration.sql:\n```sql\nALTER TABLE t ADD COLUMN c int;\n\n```"
+        )
+        repo = carried_state(sb, "", cfg, "repo")
+        assert "Changed pkg/a.py:\n```\nx = 2\n\n```" in repo and "Changed migration.sql:" in repo
+        assert "pkg/b.py" not in repo
     text = resume_message("Task.", "  did things \n", "")
     assert text == f"Task.\n\n{SUMMARY_HEADER}\ndid things"
 

@@ -293,7 +293,8 @@ class _Session:
         self.traj.finish, self.traj.summary_tokens = "summary", len(res.token_ids)
         self.stats.add(summarized, len(res.token_ids))
         summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
-        message = resume_message(first_message(self.task), summary, carried_state(sb, feedback, cfg))
+        state = carried_state(sb, feedback, cfg, self.task.kind)
+        message = resume_message(first_message(self.task), summary, state)
         self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
         return True
 
@@ -301,7 +302,7 @@ class _Session:
         """Baseline to summarizing: drop the context, open the next from the task and the kept state."""
         self.traj.finish = "truncated"
         self.stats.add(len(self.rec.ids), 0)
-        state = carried_state(sb, feedback, self.spec.agent.summary)
+        state = carried_state(sb, feedback, self.spec.agent.summary, self.task.kind)
         message = resume_message(first_message(self.task), None, state)
         self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
         return True

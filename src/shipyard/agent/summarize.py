@@ -8,7 +8,8 @@ by the chat template once and masked out of the loss: the system prompt and one 
 made by :func:`resume_message`: the task's first message, :data:`SUMMARY_HEADER` with the
 summary's text (decoded from the sampled ids; it is re-used as text only, so the new context is
 environment tokens), then the state the harness keeps (:func:`carried_state`: the current
-``solution.py`` and/or the last tool output, per ``agent.summary.keep``).
+``solution.py`` (by task kind: ``migration.sql``, or the changed files of a repo task) and/or
+the last tool output, per ``agent.summary.keep``).
 
 Metrics (:class:`SummaryStats`, written to every segment's ``Trajectory.metrics`` when
 summarization is on): ``summaries`` per session; ``summarized_tokens`` (context tokens that the
@@ -45,23 +46,46 @@ def _clip(text: str, limit: int) -> str:
     return clip_output(text, limit) if limit else ""
 
 
-def carried_state(sb: Sandbox, last_output: str, cfg: SummaryConfig) -> str:
-    """The state the harness keeps across a summary (``cfg.keep``), as prompt text ('' if none)."""
+def carried_state(sb: Sandbox, last_output: str, cfg: SummaryConfig, kind: str = "function") -> str:
+    """The state the harness keeps across a summary (``cfg.keep``), as prompt text ('' if none).
+
+    The ``solution`` item is the task kind's work: ``solution.py`` (function and long tasks),
+    ``migration.sql`` (db tasks), or every file the session changed (repo tasks, from the
+    sandbox's diff against its base); each clipped to ``cfg.state_chars``.
+    """
     parts: list[str] = []
     if cfg.state_chars == 0:
         return ""
     if "solution" in cfg.keep:
-        try:
-            solution = sb.read("solution.py")
-        except OSError:
-            solution = ""
-        if solution:
-            parts.append(f"Current solution.py:\n```python\n{_clip(solution, cfg.state_chars)}\n```")
-        else:
-            parts.append("solution.py has not been written yet.")
+        parts.append(_work_state(sb, cfg, kind))
     if "last_output" in cfg.keep and last_output:
         parts.append(f"Last tool output:\n{_clip(last_output, cfg.state_chars)}")
-    return "\n\n".join(parts)
+    return "\n\n".join(p for p in parts if p)
+
+
+WORK_FILES = {"function": ("solution.py", "python"), "db": ("migration.sql", "sql")}
+"""Task kind -> (the file carried as the session's work, its code-block language); repo: the diff."""
+
+
+def _work_state(sb: Sandbox, cfg: SummaryConfig, kind: str) -> str:
+    if kind == "repo":
+        diff = sb.diff()
+        if diff.is_empty():
+            return "No file has been changed yet."
+        changed = {**diff.added, **diff.modified}
+        parts = [
+            f"Changed {path}:\n```\n{_clip(text, cfg.state_chars)}\n```" for path, text in changed.items()
+        ]
+        parts += [f"Deleted {path}." for path in diff.deleted]
+        return "\n\n".join(parts)
+    path, lang = WORK_FILES.get(kind, WORK_FILES["function"])
+    try:
+        text = sb.read(path)
+    except OSError:
+        text = ""
+    if not text:
+        return f"{path} has not been written yet."
+    return f"Current {path}:\n```{lang}\n{_clip(text, cfg.state_chars)}\n```"
 
 
 def resume_message(first_message: str, summary: str | None, state: str) -> str:

@@ -90,8 +90,9 @@ class SummaryConfig(_Section):
     max_tokens: int = Field(128, ge=1)
     """Most tokens sampled for one summary (further cut by the room left in the context window)."""
     keep: list[Literal["solution", "last_output"]] = ["solution", "last_output"]
-    """State the harness carries into the next segment's prompt after the summary: the current
-    `solution.py` and/or the last tool output (each clipped to `state_chars`)."""
+    """State the harness carries into the next segment's prompt after the summary: the session's work
+    (`solution`: `solution.py`; `migration.sql` on db tasks; the changed files on repo tasks) and/or the
+    last tool output (each clipped to `state_chars`)."""
     state_chars: int = Field(600, ge=0)
     """Most characters of each carried state item (head and tail kept); 0 carries nothing."""
     max_summaries: int = Field(8, ge=1)
