@@ -87,3 +87,24 @@ def test_missing_root_and_bad_state(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         save_checkpoint(tmp_path, 1, model, opt, {"step": 2})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_relogs_a_step_killed_between_checkpoint_and_log(tmp_path: Path) -> None:
+    """The checkpoint carries its step's records; a resume writes them when the kill came first."""
+    from shipyard.metrics.logger import MetricsLogger, read_metrics
+    from shipyard.store import LocalStore
+    from shipyard.trainer.loop import _relog_checkpointed_step
+    from shipyard.weights.snapshot import WeightPublisher, read_manifest
+
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store)
+    pub.publish(0, {"w": torch.zeros(4)})
+    pub.publish(1, {"w": torch.ones(4)})
+    state = {"step": 1, "log": {"train": {"kind": "train", "reward/mean": 0.5}, "groups": ["g1"]}}
+    logger = MetricsLogger(tmp_path / "run", tensorboard=False)
+    _relog_checkpointed_step(logger, state, store)
+    _relog_checkpointed_step(logger, state, store)  # already there: written once
+    recs = read_metrics(logger.path)
+    assert [(r["step"], r["kind"]) for r in recs] == [(1, "train"), (1, "consumed")]
+    assert recs[0]["reward/mean"] == 0.5 and recs[1]["groups"] == ["g1"]
+    assert recs[1]["digest"] == read_manifest(store, 1).state_digest

@@ -1,8 +1,9 @@
 """Run metrics: one JSONL line per record plus TensorBoard scalars.
 
 Contract: ``MetricsLogger(run_dir).log(step, {"reward/mean": 0.4, ...})`` appends
-``{"step": step, "time": t, ...}`` to ``run_dir/metrics.jsonl`` (flushed per line, so a crash
-loses at most the line being written) and writes every numeric value as a TensorBoard scalar
+``{"step": step, "time": t, ...}`` to ``run_dir/metrics.jsonl``; ``log(step, a, b)`` appends
+both records in one write (flushed per call, so a crash loses at most the call being written,
+never one record of a pair) and writes every numeric value as a TensorBoard scalar
 under ``run_dir/tb``. ``read_metrics(path)`` returns the records, skipping a torn last line.
 """
 
@@ -29,14 +30,17 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"))
 
-    def log(self, step: int, values: dict[str, Any]) -> None:
-        record = {"step": step, "time": time.time(), **values}
-        self._file.write(json.dumps(record, default=float) + "\n")
+    def log(self, step: int, *records: dict[str, Any]) -> None:
+        """Append ``records`` of ``step`` in one write: a crash keeps all of them or none."""
+        now = time.time()
+        lines = "".join(json.dumps({"step": step, "time": now, **r}, default=float) + "\n" for r in records)
+        self._file.write(lines)
         self._file.flush()
         if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            for values in records:
+                for k, v in values.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                        self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
     def close(self) -> None:

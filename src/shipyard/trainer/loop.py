@@ -26,11 +26,11 @@ from shipyard.agent.summarize import rollout_summary_metrics
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.anticheat import hack_metrics
 from shipyard.envs.rewards.base import component_metrics
-from shipyard.metrics.logger import MetricsLogger
+from shipyard.metrics.logger import MetricsLogger, read_metrics
 from shipyard.rollout.worker import FINISHED_KEY
 from shipyard.store.types import Store
 from shipyard.trainer.feed import RolloutFeed, Taken
-from shipyard.weights.snapshot import WeightPublisher, named_params
+from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
 
 
 def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, Any]:
@@ -67,6 +67,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         publisher.publish(state["step"], named_params(model))
     feed = RolloutFeed(store, consumed=set(state["consumed"]))
     logger = MetricsLogger(run_dir)
+    _relog_checkpointed_step(logger, state, store)
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
@@ -81,35 +82,37 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         stats = train_step(
             model, optimizer, batch.trajectories, batch.advantages, cfg.trainer, tok.pad_token_id, **step_kw
         )
+        record = {
+            "kind": "train",
+            **_named({**stats, **batch.stats}),
+            **_rollout_metrics(taken, [t for group in taken.groups for t in group]),
+            **_timing(t0, t1, time.time(), t_start),
+        }
+        groups = [g[0].group_id for g in taken.groups]
         state = {
             "step": step,
             "consumed": sorted(feed.consumed),
             "idle_s": state["idle_s"] + taken.wait_s,
             "elapsed_s": time.time() - t_start,
+            "log": {"train": record, "groups": groups},  # re-logged on resume if the kill came first
         }
         save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
         manifest = publisher.publish(step, named_params(model))
-        t2 = time.time()
-        logger.log(
-            step,
-            {
-                "kind": "train",
-                **_named({**stats, **batch.stats}),
-                **_rollout_metrics(taken, [t for group in taken.groups for t in group]),
-                **_timing(t0, t1, t2, t_start),
-            },
-        )
-        logger.log(
-            step,
-            {
-                "kind": "consumed",
-                "groups": [g[0].group_id for g in taken.groups],
-                "digest": manifest.state_digest,
-            },
-        )
+        logger.log(step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest})
     store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
     logger.close()
     return {"final_version": cfg.trainer.steps, "idle_s": state["idle_s"], "seconds": time.time() - t_start}
+
+
+def _relog_checkpointed_step(logger: MetricsLogger, state: dict[str, Any], store: Store) -> None:
+    """Write the resumed checkpoint's step records if a kill landed between checkpoint and log."""
+    step, saved = state["step"], state.get("log")
+    if saved is None or any(
+        r.get("kind") == "consumed" and r["step"] == step for r in read_metrics(logger.path)
+    ):
+        return
+    digest = read_manifest(store, step).state_digest
+    logger.log(step, saved["train"], {"kind": "consumed", "groups": saved["groups"], "digest": digest})
 
 
 def _reference_model(cfg: ShipyardConfig) -> Any | None:
