@@ -90,9 +90,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     for name, mode in (("trained_summaries", "summarize"), ("truncation", "truncate")):
         cfg = _cfg(args, tmp, name, mode, args.override)
         t0 = time.time()
-        if not (tmp / name / "store" / "weights" / "LATEST").is_file() or not args.reuse:
+        if not (args.reuse and (tmp / name / "store" / "weights" / "LATEST").is_file()):
             train(cfg)
-        res[name] = {**_evaluate(cfg, args.steps), "train_s": time.time() - t0}
+        train_s = time.time() - t0
+        res[name] = {**_evaluate(cfg, args.steps), "train_s": train_s}
     for name, mode in (("prompt_summaries", "summarize"), ("base_truncation", "truncate")):
         res[name] = _evaluate(_cfg(args, tmp, name, mode, args.override), None)
     return res

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shipyard.agent.actions import clip_output
+from shipyard.agent.actions import DEFAULT_FILES, clip_output
 from shipyard.agent.types import Trajectory, group_sessions
 from shipyard.config.schema import SummaryConfig
 from shipyard.envs.types import Sandbox
@@ -63,10 +63,6 @@ def carried_state(sb: Sandbox, last_output: str, cfg: SummaryConfig, kind: str =
     return "\n\n".join(p for p in parts if p)
 
 
-WORK_FILES = {"function": ("solution.py", "python"), "db": ("migration.sql", "sql")}
-"""Task kind -> (the file carried as the session's work, its code-block language); repo: the diff."""
-
-
 def _work_state(sb: Sandbox, cfg: SummaryConfig, kind: str) -> str:
     if kind == "repo":
         diff = sb.diff()
@@ -78,7 +74,8 @@ def _work_state(sb: Sandbox, cfg: SummaryConfig, kind: str) -> str:
         ]
         parts += [f"Deleted {path}." for path in diff.deleted]
         return "\n\n".join(parts)
-    path, lang = WORK_FILES.get(kind, WORK_FILES["function"])
+    # The kind's default write file (function: solution.py, db: migration.sql) and its language.
+    lang, path = next(iter(DEFAULT_FILES.get(kind, DEFAULT_FILES["function"]).items()))
     try:
         text = sb.read(path)
     except OSError:
