@@ -278,7 +278,7 @@ def test_host_pids_invisible(box: BwrapSandbox) -> None:
     host = [p for p in os.listdir("/proc") if p.isdigit()]
     names = box.exec("for p in /proc/[0-9]*; do cat $p/comm; done").stdout.split()
     assert len(host) > 10 and 3 <= len(names) <= 6  # bwrap's pid 1, the server, the command, cat
-    assert set(names) <= {"bwrap", "sh", "cat"}
+    assert set(names) <= {"bwrap", "sh", "shipyard-agent", "cat"}
     assert "python" not in names and "pytest" not in names  # this very process is not there
 
 

@@ -118,7 +118,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox import seccomp
+from shipyard.envs.sandbox import agent, seccomp
 from shipyard.envs.sandbox.base import check_relative, diff_files, env_prefix
 from shipyard.envs.sandbox.cgroups import Cgroups, candidate_parents, make_cgroups
 from shipyard.envs.types import ExecResult, WorkspaceDiff
@@ -578,6 +578,7 @@ class BwrapSandbox:
         binds: Mapping[str, str] | None = None,
         base: str | None = None,
         persistent: bool = True,
+        use_agent: bool = True,
     ) -> None:
         problem = sandbox_available()
         if problem is not None:
@@ -620,6 +621,8 @@ class BwrapSandbox:
         self.cpu_limit = "cgroup" if "cpu" in made else "rlimit"
         """``"cgroup"``: a CFS quota of ``cfg.cpus`` cores; ``"rlimit"``: only ``RLIMIT_CPU`` per command."""
         self._seccomp = seccomp.deny_filter() if self.cfg.seccomp else None
+        self._agent = agent.agent_fd() if use_agent else None
+        """The compiled session agent's memfd (:mod:`.agent`), or None: the ``/bin/sh`` server and wrapper."""
         try:
             for path, content in (files or {}).items():
                 self.write(path, content)
@@ -688,6 +691,13 @@ class BwrapSandbox:
             f"ulimit -u {n} 2>/dev/null || ulimit -p {n} 2>/dev/null; "
         )
 
+    def _server(self, out_w: int) -> list[str]:
+        """The session's command server: the compiled agent, else ``/bin/sh`` running :data:`_SERVER`."""
+        if self._agent is None:
+            return ["/bin/sh", "-c", self._limits() + _SERVER, "shipyard-session", str(out_w)]
+        limits = (0, self.cfg.memory_mb * 1024, MAX_FILE_MB * 2048, self.cfg.max_processes)
+        return [f"/proc/self/fd/{self._agent}", "serve", str(self._agent), str(out_w), *map(str, limits)]
+
     def _launch(self, tail: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
         """Start bwrap running ``tail`` (through the overlay and cgroup wrappers when needed)."""
         argv = self._bwrap_argv() + list(tail)
@@ -703,8 +713,12 @@ class BwrapSandbox:
             wrap.append(self._base)
             argv = wrap + self._layers + argv
         procs = self._res.cgroups.procs_files()
-        if procs:
+        if procs and self._agent is not None:
+            argv = [f"/proc/self/fd/{self._agent}", "cg", str(len(procs)), *procs, *argv]
+        elif procs:
             argv = ["/bin/sh", "-c", _CG_WRAP, "shipyard-cgroup", str(len(procs)), *procs, *argv]
+        if self._agent is not None:
+            popen["pass_fds"] = (*popen.get("pass_fds", ()), self._agent)
         self._res.procs[:] = [p for p in self._res.procs if p.poll() is None]
         fd = seccomp.filter_fd(self._seccomp) if self._seccomp is not None else -1
         if fd >= 0:
@@ -734,7 +748,7 @@ class BwrapSandbox:
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         try:
-            tail = ["/bin/sh", "-c", self._limits() + _SERVER, "shipyard-session", str(out_w)]
+            tail = self._server(out_w)
             proc = self._launch(tail, stdin=cmd_r, stdout=st_w, stderr=err_w, pass_fds=(out_w,))
         except BaseException:
             for fd in (cmd_w, out_r, err_r, st_r):
@@ -943,7 +957,14 @@ class BwrapSandbox:
         if not self._finalizer.alive:
             raise RuntimeError("fork of a closed sandbox")
         with self._lock:
-            child = BwrapSandbox(None, self.cfg, self.network, base=self._base, persistent=self.persistent)
+            child = BwrapSandbox(
+                None,
+                self.cfg,
+                self.network,
+                base=self._base,
+                persistent=self.persistent,
+                use_agent=self._agent is not None,
+            )
             try:
                 src, dst = (self._layers[0], child._layers[0]) if self._base else (self._ws, child._ws)
                 res = subprocess.run(
