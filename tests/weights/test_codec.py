@@ -10,6 +10,7 @@ from shipyard.weights.codec import (
     decode_snapshot,
     decode_state,
     describe_blob,
+    digest_matches,
     encode_delta,
     encode_snapshot,
     encode_state,
@@ -320,7 +321,12 @@ def test_digest_and_entropy_bound() -> None:
     assert tensor_digest(parent) == tensor_digest(parent.clone())
     assert tensor_digest(parent) != tensor_digest(new)
     assert tensor_digest(parent) != tensor_digest(parent.reshape(-1))
-    assert tensor_digest(parent).startswith("sha256:")
+    assert tensor_digest(parent).startswith("xxh3:")
+    assert tensor_digest(parent, "sha256").startswith("sha256:")
+    assert digest_matches(parent, tensor_digest(parent, "sha256")) and digest_matches(
+        parent, tensor_digest(parent)
+    )
+    assert not digest_matches(new, tensor_digest(parent)) and not digest_matches(parent, "md5:00")
     assert entropy_bound(parent, parent) == float("inf")
     plain = entropy_bound(parent, new)
     conditioned = entropy_bound({"x": parent}, {"x": new}, conditioned=True)

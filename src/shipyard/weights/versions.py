@@ -277,7 +277,7 @@ def _decode_many(
     base_digests: Mapping[str, str],
     workers: int,
 ) -> dict[str, Any]:
-    from shipyard.weights.codec import decode_delta, decode_snapshot, describe_blob, tensor_digest
+    from shipyard.weights.codec import decode_delta, decode_snapshot, describe_blob, digest_matches
 
     view = memoryview(data)
 
@@ -300,7 +300,7 @@ def _decode_many(
             raise ValueError(
                 f"weights version {manifest.version} tensor {name!r}: decoded {t.dtype} {tuple(t.shape)}"
             )
-        if tensor_digest(t) != entry.digest:
+        if not digest_matches(t, entry.digest):
             raise ValueError(
                 f"weights version {manifest.version} tensor {name!r}: digest mismatch after {encoding}"
             )
