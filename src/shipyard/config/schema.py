@@ -68,6 +68,14 @@ class InferenceConfig(_Section):
     deterministic: bool = False
     """Batch-invariant sampling: each request runs as its own batch, so its logits do not depend on
     what else is sampled with it (costs the batching speedup; see docs/mismatch.md)."""
+    fp32_lm_head: bool = True
+    """When the engine's model runs in a low precision (bf16/fp16), compute its final norm and LM head
+    in fp32 from the low-precision hidden state (`models.precision.cast_for_sampling`), the largest
+    single source of the sampler/trainer logprob mismatch (docs/mismatch.md). No effect on an fp32
+    engine, whose head is fp32 already."""
+    fp32_router: bool = False
+    """The same for the MoE routers (fp32 router weights, logits and gate weights); no effect on a
+    dense or an fp32 engine. Apply it to both arms when comparing router replay."""
     poll_s: float = Field(0.5, gt=0)
     """How often the weight subscriber polls the store for a new version."""
 

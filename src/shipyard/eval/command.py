@@ -38,11 +38,13 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     from shipyard.inference.client import LocalInferenceClient
     from shipyard.inference.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
+    from shipyard.models.precision import apply_inference_precision
     from shipyard.store import open_store
     from shipyard.weights.snapshot import load_version
 
     torch.set_num_threads(cfg.inference.threads)
     model, tok = load_model(cfg.model)
+    apply_inference_precision(model, cfg.inference.fp32_lm_head, cfg.inference.fp32_router)
     engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch)
     if cfg.eval.version is not None:
         engine.stage_weights(cfg.eval.version, load_version(open_store(cfg.store), cfg.eval.version))

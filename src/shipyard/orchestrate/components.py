@@ -140,10 +140,12 @@ class InferenceNode:
         from shipyard.inference.engine import EmbeddedEngine
         from shipyard.inference.server import InferenceServer
         from shipyard.models.loading import load_model
+        from shipyard.models.precision import apply_inference_precision
         from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
         torch.set_num_threads(cfg.inference.threads)
         model, self.tokenizer = load_model(cfg.model)
+        apply_inference_precision(model, cfg.inference.fp32_lm_head, cfg.inference.fp32_router)
         self.engine = EmbeddedEngine(
             model,
             self.tokenizer,
