@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, reap_stale, sandbox_available
+from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, agent, reap_stale, sandbox_available, sysroot
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 
@@ -413,3 +413,99 @@ def test_make_sandbox_switches_on_type() -> None:
         assert box.exec("cat f.txt").stdout == "f\n"
     with pytest.raises(ValueError, match="base"):
         make_sandbox(SandboxConfig(type="remote_morph"), base="/tmp")
+
+
+PARITY = [
+    ("echo hi; echo err >&2; exit 3", None),
+    ("printf 'a\\nb'; kill -TERM $$", None),
+    ("cat; echo stdin-closed", None),  # stdin is /dev/null
+    ("ulimit -c; ulimit -v; ulimit -f; ulimit -t; ulimit -p", None),
+    ("sleep 30 & echo started", "started\n"),  # returns at once: the job dies with its exec
+    ("x='\n  two  \\\n'; printf '%s|' \"$x\"; echo; echo $0", None),
+    ("exec 2>&-; echo closed-stderr", None),
+]
+
+
+def test_agent_and_shell_servers_give_the_same_results() -> None:
+    """The compiled agent speaks the /bin/sh server's protocol with the same statuses, limits and kills."""
+    if agent.agent_fd() is None:
+        pytest.skip(f"no session agent here: {agent.agent_problem()}")
+    cfg = SandboxConfig(timeout_s=10, memory_mb=300, max_processes=40)
+    with BwrapSandbox(None, cfg) as fast, BwrapSandbox(None, cfg, use_agent=False) as slow:
+        for cmd, want in PARITY:
+            got = [(r.returncode, r.stdout, r.stderr) for r in (fast.exec(cmd), slow.exec(cmd))]
+            assert got[0] == got[1], cmd
+            assert want is None or got[0][1] == want, cmd
+        assert fast.exec("ulimit -v").stdout == f"{300 * 1024}\n" and fast.exec("ulimit -p").stdout == "40\n"
+        names = fast.exec("for p in /proc/[0-9]*; do cat $p/comm; done").stdout.split()
+        assert sorted(names) == ["bwrap", "sh", "shipyard-agent"]  # pid 1, the agent, the command
+        fds = fast.exec("ls /proc/self/fd").stdout.split()
+        assert fds == ["0", "1", "2", "3"]  # stdio and ls's own directory: no server pipes, no memfd
+
+
+def test_agent_binary_is_sealed_and_refuses_the_host() -> None:
+    fd = agent.agent_fd()
+    if fd is None:
+        pytest.skip(f"no session agent here: {agent.agent_problem()}")
+    reopened = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY)
+    try:
+        with pytest.raises(PermissionError):
+            os.write(reopened, b"x")  # F_SEAL_WRITE: not even its owner may change it
+    finally:
+        os.close(reopened)
+    res = subprocess.run(
+        [f"/proc/self/fd/{fd}", "serve", str(fd), "1", "0", "1024", "1024", "8"],
+        pass_fds=(fd,),
+        stdin=subprocess.DEVNULL,  # were the guard missing, EOF would end it before any kill(-1)
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert res.returncode == 2 and "only as pid 1 or 2" in res.stderr
+    with BwrapSandbox(None, SandboxConfig(timeout_s=10)) as box:
+        res = box.exec("printf x >> /proc/2/exe; echo rc=$?")  # the running agent, from inside
+        assert res.stdout != "rc=0\n" and box.exec("echo ok").stdout == "ok\n"
+
+
+def test_agent_build_failure_names_the_compiler_error(tmp_path: Path) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    bad = tmp_path / "agent.c"
+    bad.write_text("int main(void) { return undefined_symbol; }\n")
+    with pytest.raises(RuntimeError, match="undefined_symbol"):
+        agent.build(cc, source=bad, cache=tmp_path / "cache")
+    built = agent.build(cc, cache=tmp_path / "cache")  # the real source builds, and is reused
+    assert built.stat().st_mode & 0o777 == 0o555 and agent.build(cc, cache=tmp_path / "cache") == built
+
+
+def test_etc_tree_copies_what_the_sandbox_needs_and_follows_changes(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    (etc / "ld.so.conf.d").mkdir(parents=True)
+    for name, text in {
+        "passwd": "root:x:0:0::/:/bin/sh\n",
+        "group": "root:x:0:\n",
+        "shadow": "secret\n",
+    }.items():
+        (etc / name).write_text(text)
+    (etc / "ld.so.conf.d" / "a.conf").write_text("/opt/lib\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost\n")
+    first = Path(sysroot.etc_tree(False, str(etc)))
+    assert sorted(p.name for p in first.iterdir()) == [
+        "group",
+        "ld.so.conf.d",
+        "passwd",
+    ]  # no shadow, no hosts
+    assert (first / "ld.so.conf.d" / "a.conf").read_text() == "/opt/lib\n"
+    assert sysroot.etc_tree(False, str(etc)) == str(first)  # unchanged: the same tree
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    second = Path(sysroot.etc_tree(False, str(etc)))
+    assert second != first and (second / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
+    assert (Path(sysroot.etc_tree(True, str(etc))) / "hosts").exists()
+    with BwrapSandbox(None, SandboxConfig(timeout_s=10)) as box:  # the host's own tree, bound once
+        res = box.exec("ls /etc; chmod u+w /etc/passwd 2>&1; touch /etc/new 2>&1")
+        listing, chmod, touch = res.stdout.splitlines()[:-2], *res.stdout.splitlines()[-2:]
+        assert "nsswitch.conf" in listing and "shadow" not in listing and "gshadow" not in listing
+        assert (
+            "Read-only file system" in chmod and "Read-only file system" in touch
+        )  # the host's copy is safe

@@ -18,7 +18,8 @@
  *       as `/bin/sh -c CMD` with stdin /dev/null, stdout OUT_FD, stderr fd 2 and RLIMIT_CPU CPU_S;
  *       once it exits the agent kills every other process of the pid namespace (kill(-1)),
  *       reaps its children and answers "SEQ STATUS\n" on fd 1 (STATUS as a shell's $?: the exit
- *       code, or 128 + the signal number). EOF on fd 0 ends the agent. It refuses to serve
+ *       code, or 128 + the signal number, after printing the signal's name on stderr as dash
+ *       does). EOF on fd 0 ends the agent. It refuses to serve
  *       unless it is pid 1 or 2 (of the sandbox's pid namespace): kill(-1) on the host would
  *       kill every process the user may signal.
  *
@@ -201,6 +202,16 @@ static int launch(int argc, char **argv, char **envp) {
     return 127;
 }
 
+/* What dash prints on stderr for a command a signal ended (strsignal's text; none for SIGINT, SIGPIPE). */
+static const char *const SIGNAL_TEXT[32] = {
+    0, "Hangup", 0, "Quit", "Illegal instruction", "Trace/breakpoint trap", "Aborted", "Bus error",
+    "Floating point exception", "Killed", "User defined signal 1", "Segmentation fault",
+    "User defined signal 2", 0, "Alarm clock", "Terminated", "Stack fault", "Child exited", "Continued",
+    "Stopped (signal)", "Stopped", "Stopped (tty input)", "Stopped (tty output)", "Urgent I/O condition",
+    "CPU time limit exceeded", "File size limit exceeded", "Virtual timer expired",
+    "Profiling timer expired", "Window changed", "I/O possible", "Power failure", "Bad system call",
+};
+
 /* Run one command to completion; the shell-style status. */
 static int run(char *cmd, int out_fd, unsigned long long cpu, char **envp) {
     long pid = sys6(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0);
@@ -223,7 +234,13 @@ static int run(char *cmd, int out_fd, unsigned long long cpu, char **envp) {
         long r = sys6(SYS_wait4, -1, 0, 0, 0, 0, 0);
         if (r < 0 && r != -EINTR_) break;
     }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    int sig = WTERMSIG(status);
+    if (sig > 0 && sig < 32 && SIGNAL_TEXT[sig]) {
+        say(SIGNAL_TEXT[sig]);
+        say(WCOREDUMP(status) ? " (core dumped)\n" : "\n");
+    }
+    return 128 + sig;
 }
 
 /* "SEQ RC\n" into out (at least 48 bytes); its length. */

@@ -34,6 +34,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from shipyard.envs.sandbox import sysroot
+
 SOURCE = Path(__file__).with_name("agent.c")
 CFLAGS = (
     "-O2", "-static", "-nostdlib", "-ffreestanding", "-fno-stack-protector", "-fno-builtin",
@@ -42,11 +44,6 @@ CFLAGS = (
 """Freestanding static build: no C library, no stack protector (it would need libc's TLS)."""
 _MFD_EXEC = 0x0010
 """memfd_create flag (Linux >= 6.3): executable memfd; older kernels reject it, then plain flags."""
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "shipyard" / "sandbox"
 
 
 def _compiler() -> str | None:
@@ -73,7 +70,7 @@ def build(cc: str, source: Path = SOURCE, cache: Path | None = None) -> Path:
     digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(CFLAGS).encode()).hexdigest()[
         :16
     ]
-    cache = cache or _cache_dir()
+    cache = cache or sysroot.cache_dir()
     target = cache / f"shipyard-agent-{digest}"
     if _trusted(target):
         return target

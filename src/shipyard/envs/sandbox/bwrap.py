@@ -118,7 +118,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox import agent, seccomp
+from shipyard.envs.sandbox import agent, seccomp, sysroot
 from shipyard.envs.sandbox.base import check_relative, diff_files, env_prefix
 from shipyard.envs.sandbox.cgroups import Cgroups, candidate_parents, make_cgroups
 from shipyard.envs.types import ExecResult, WorkspaceDiff
@@ -138,9 +138,6 @@ MAX_LISTED_FILES = 2000
 SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"})
 """Directory names whose contents :meth:`BwrapSandbox.files` leaves out."""
 
-_ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime")
-_ETC_NET_FILES = ("hosts", "resolv.conf", "host.conf", "gai.conf", "ssl", "ca-certificates")
-_ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp"})
 _STATUS_CAP = 256
 _HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -384,7 +381,8 @@ def _reap_once() -> int:
         return 0
 
 
-def _python_roots() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _python_roots() -> tuple[str, ...]:
     """The Python installation(s) to bind read-only: venv prefix and base prefix, outside /usr."""
     roots: list[str] = []
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
@@ -392,20 +390,13 @@ def _python_roots() -> list[str]:
             if q != "/" and not q.startswith("/usr/") and q != "/usr" and q not in roots:
                 roots.append(q)
     roots.sort(key=len)
-    return [r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots)]
+    return tuple(r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots))
 
 
-def _system_args(network: bool) -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for path in _ROOT_LINKS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    for name in _ETC_FILES + (_ETC_NET_FILES if network else ()):
-        if os.path.exists(os.path.join("/etc", name)):
-            args += ["--ro-bind", os.path.join("/etc", name), os.path.join("/etc", name)]
-    return args
+@functools.lru_cache(maxsize=8)
+def _which(name: str) -> str:
+    """Absolute path of a program on PATH (looked up once per process), else ``name``."""
+    return shutil.which(name) or name
 
 
 class _Session:
@@ -598,7 +589,7 @@ class BwrapSandbox:
         self._base = _check_base(base) if base is not None else None
         self._initial = dict(files or {})
         """Files written at creation or by :meth:`seed`: part of the base :meth:`diff` compares with."""
-        self._bwrap = shutil.which("bwrap") or "bwrap"
+        self._bwrap = _which("bwrap")
         _reap_once()
         self.root = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
         self._ws = self.root if self._base is None else os.path.join(self.root, "upper")
@@ -661,7 +652,7 @@ class BwrapSandbox:
         argv = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
         argv += ["--share-net"] if self.network else []
         argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
-        argv += _system_args(self.network)
+        argv += sysroot.system_args(self.network)
         size = str(TMPFS_MB * 1024 * 1024)
         argv += ["--size", size, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
@@ -703,7 +694,7 @@ class BwrapSandbox:
         argv = self._bwrap_argv() + list(tail)
         if self._base is not None:
             wrap = [
-                shutil.which("unshare") or "unshare",
+                _which("unshare"),
                 "-Urm",
                 "/bin/sh",
                 "-c",

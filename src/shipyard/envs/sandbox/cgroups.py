@@ -21,6 +21,7 @@ rlimit fallback in the sandbox.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -43,7 +44,12 @@ def _own_cgroups() -> list[str]:
 
 def candidate_parents(controller: str | None = None) -> list[str]:
     """Directories of this process's cgroups (v1 for ``controller``, or all v1; then v2)."""
-    lines = _own_cgroups()
+    return list(_candidate_parents(tuple(_own_cgroups()), controller))
+
+
+@functools.lru_cache(maxsize=16)
+def _candidate_parents(lines: tuple[str, ...], controller: str | None) -> tuple[str, ...]:
+    """:func:`candidate_parents` for the lines of ``/proc/self/cgroup`` (cached: they rarely change)."""
     out = []
     for ln in lines:
         if ln.count(":") < 2:
@@ -60,7 +66,7 @@ def candidate_parents(controller: str | None = None) -> list[str]:
     for d in out:
         if os.path.isfile(os.path.join(d, "cgroup.procs")) and d not in seen:
             seen.append(d)
-    return seen
+    return tuple(seen)
 
 
 def _is_v2(parent: str) -> bool:

@@ -29,6 +29,7 @@ the machine elsewhere).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
 import struct
@@ -123,7 +124,12 @@ def _assemble(prog: list[_Ins | str]) -> bytes:
 
 def deny_filter(machine: str | None = None) -> bytes:
     """The BPF program described in the module docstring for ``machine`` (default: this host)."""
-    machine = machine or platform.machine()
+    return _deny_filter(machine or platform.machine())
+
+
+@functools.lru_cache(maxsize=4)
+def _deny_filter(machine: str) -> bytes:
+    """:func:`deny_filter`, assembled once per machine (it is a pure function of the tables above)."""
     if machine not in SYSCALLS:
         raise ValueError(
             f"seccomp: no syscall table for machine {machine!r}; known: {sorted(SYSCALLS)} "
