@@ -11,7 +11,9 @@ whole chain is replayed from version 0 to the final per-tensor digests.
 Reported per step (step 1 changes far more than later ones, so the chain figures are medians
 over steps 2..N): compression ratio (bf16 bytes / shipped bytes), fraction of weights
 unchanged, encode and decode+apply GB/s per core (model bytes / CPU seconds of the one thread
-doing the work, ``workers=1``; apply writes into the live serving tensors in place), and the
+doing the work, ``workers=1``; apply writes into the live serving tensors in place; sender and
+receiver carry their :class:`~shipyard.weights.codec.MinorityIndex` along the chain, as the
+publisher and subscribers do, so step 1 also pays for building them), and the
 order-0 entropy bound, plain and conditioned on the parent's exponent. After each chain the
 last step is also coded with ``--workers`` threads (wall clock). Prints rich tables and writes
 ``benchmarks/results/weight_codec.json``: top-level figures for the main model (keys such as
@@ -52,7 +54,14 @@ from rich.table import Table
 
 from shipyard.config.schema import ModelConfig
 from shipyard.models.loading import load_model
-from shipyard.weights.codec import decode_state, describe_blob, encode_state, entropy_bound, tensor_digest
+from shipyard.weights.codec import (
+    MinorityIndex,
+    decode_state,
+    describe_blob,
+    encode_state,
+    entropy_bound,
+    tensor_digest,
+)
 
 SNIPPETS = [
     "def add(a, b):\n    return a + b\n",
@@ -222,12 +231,16 @@ def measure_step(
     live: dict[str, torch.Tensor],
     heavy: bool,
     with_zipnn: bool,
+    indexes: tuple[dict[str, MinorityIndex], dict[str, MinorityIndex]],
 ) -> tuple[StepResult, dict[str, bytes]]:
-    """Ship ``prev -> cur`` with the codec (applied into ``live``, which holds ``prev``) and baselines."""
+    """Ship ``prev -> cur`` with the codec (applied into ``live``, which holds ``prev``) and baselines.
+    ``indexes``: the sender's and the receiver's minority indexes, carried along the chain as the
+    publisher and a subscriber carry them."""
     raw = sum(t.numel() * 2 for t in cur.values())
     torch.set_num_threads(1)
-    blobs, enc_cpu, enc_wall = timed(lambda: encode_state(prev, cur, workers=1))
-    _, app_cpu, app_wall = timed(lambda: decode_state(live, blobs, workers=1, out=live))
+    sent, received = indexes
+    blobs, enc_cpu, enc_wall = timed(lambda: encode_state(prev, cur, workers=1, indexes=sent))
+    _, app_cpu, app_wall = timed(lambda: decode_state(live, blobs, workers=1, out=live, indexes=received))
     xor_bytes, xor_cpu, _ = timed(lambda: xor_zstd(prev, cur))
     infos = [describe_blob(b) for b in blobs.values()]
     shipped = sum(i["total_bytes"] for i in infos)
@@ -292,10 +305,11 @@ def run_chain(
         name, lr, sum(t.numel() for t in first.values()), sum(t.numel() * 2 for t in first.values())
     )
     prev, all_blobs, before = first, [], first
+    indexes: tuple[dict[str, MinorityIndex], dict[str, MinorityIndex]] = ({}, {})
     for step, cur in enumerate(versions, start=1):
         heavy = step in (1, args.steps)
         zipnn_now = with_zipnn and (heavy or (step % 5 == 0 and not args.quick))
-        result, blobs = measure_step(step, prev, cur, live, heavy, zipnn_now)
+        result, blobs = measure_step(step, prev, cur, live, heavy, zipnn_now, indexes)
         chain.steps.append(result)
         all_blobs.append(blobs)
         before, prev = prev, cur

@@ -1,6 +1,7 @@
 """Delta weight codec: bit-exact round trips, adversarial bit patterns, in-place apply, a 100-version
 chain, corruption detection and the per-tensor scheme choices."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -225,16 +226,21 @@ def test_hundred_version_chain_replays_to_the_same_digest() -> None:
     serve = lambda: {k: p.detach().to(torch.bfloat16) for k, p in zip(master, params, strict=True)}  # noqa: E731
     versions = [serve()]
     deltas = []
-    for _ in range(100):
+    sent: dict[str, codec.MinorityIndex] = {}  # the sender's and receiver's carried minority indexes
+    for i in range(100):
         loss = sum((p * torch.randn_like(p)).sum() for p in params)
         loss.backward()
         opt.step()
         opt.zero_grad()
         versions.append(serve())
-        deltas.append(encode_state(versions[-2], versions[-1], workers=2))
+        deltas.append(encode_state(versions[-2], versions[-1], workers=2, indexes=sent))
+        if i % 25 == 0:  # the blobs never depend on the index
+            assert deltas[-1] == encode_state(versions[-2], versions[-1])
+    assert sum(x.builds for x in sent.values()) >= 1
     live = {k: v.clone() for k, v in versions[0].items()}
+    received: dict[str, codec.MinorityIndex] = {}
     for i, blobs in enumerate(deltas, start=1):
-        decode_state(live, blobs, workers=2, out=live)
+        decode_state(live, blobs, workers=2, out=live, indexes=received)
         if i in (1, 50):
             assert {k: tensor_digest(v) for k, v in live.items()} == {
                 k: tensor_digest(v) for k, v in versions[i].items()
@@ -244,6 +250,47 @@ def test_hundred_version_chain_replays_to_the_same_digest() -> None:
     }
     changed = sum(describe_blob(b)["changed"] for d in deltas for b in d.values())
     assert 0 < changed < 0.5 * 100 * sum(v.numel() for v in versions[0].values())
+
+
+def _tiny_churn_step(cur: torch.Tensor, tiny: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """One step in which tiny weights nearly all move by an ulp, others rarely, and 0.3% jump to
+    random bit patterns (crossing any exponent cap both ways)."""
+    ints = _ints(cur.reshape(-1)).clone()
+    rate = torch.where(tiny, 0.9, 0.01)
+    moved = torch.rand(ints.shape, generator=g) < rate
+    ints[moved] += torch.where(torch.rand(int(moved.sum()), generator=g) < 0.5, 1, -1).to(ints.dtype)
+    wild = torch.rand(ints.shape, generator=g) < 0.003
+    ints[wild] = _ints(_random_bits(int(wild.sum()), cur.dtype, g))
+    return _from_ints(ints, cur.dtype).reshape(cur.shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_minority_index_follows_a_chain(dtype: torch.dtype) -> None:
+    """A carried MinorityIndex stays equal to one built afresh from each version, while elements
+    cross its cap both ways; the blobs are the same with or without it."""
+    spec = codec._BY_DTYPE[dtype]
+    g = torch.Generator().manual_seed(5)
+    n = 40_000
+    tiny = torch.rand(n, generator=g) < 0.04
+    w = torch.randn(n, generator=g).abs() + 0.5
+    w[tiny] = w[tiny] * 2.0 ** -(spec.mant_bits + 2) if spec.width > 8 else w[tiny] / 16
+    cur = w.to(dtype).reshape(-1, 40)
+    sent, received = codec.MinorityIndex(), codec.MinorityIndex()
+    live = cur.clone()
+    splits = []
+    for _ in range(10):
+        new = _tiny_churn_step(cur, tiny, g)
+        blob = encode_delta(cur, new, sent)
+        assert blob == encode_delta(cur, new), "the index never changes the bytes"
+        decode_delta(live, blob, out=live, index=received)
+        assert_bits_equal(live, new)
+        splits.append(describe_blob(blob)["split_exp"])
+        for index in (sent, received):
+            if index.built:
+                idx, exps = codec._scan_below(codec._bits(new, spec), index.cap, spec)
+                assert np.array_equal(index.idx_K, idx) and np.array_equal(index.exp_K, exps)
+        cur = new
+    assert sum(x > 0 for x in splits) >= 5 and sent.built and received.built, splits
 
 
 def test_corrupted_blobs_raise_value_error() -> None:

@@ -52,6 +52,7 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
         _adam_steps(trainer, 1)
         pub.publish(v, _bf16(trainer))
     assert sub.poll_once() and engine.version == 2 and not sub.poll_once()
+    assert sub.reader.index_version == 2, "the minority indexes follow the decoded state"
     rec = sub.adopted[-1]
     assert rec["path"] == ["1:delta", "2:delta"] and rec["from"] == 0 and rec["pause_s"] == engine.pauses[-1]
     assert rec["bytes"] == sum(read_manifest(store, v).encodings["delta"].nbytes for v in (1, 2))

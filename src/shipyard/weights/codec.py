@@ -318,6 +318,7 @@ class _Order:
     old_M: np.ndarray  # parent bits of the minority (ascending index order)
     new_M: np.ndarray | None  # new bits of the minority (encoder only)
     threshold: int  # magnitude bits below this are minority
+    pos_M: np.ndarray | None = None  # where sorted_M lies in the MinorityIndex it came from
 
     @property
     def n_minority(self) -> int:
@@ -327,48 +328,141 @@ class _Order:
 def _order(p_N: np.ndarray, n_N: np.ndarray | None, split_exp: int, spec: _Bits) -> _Order:
     """Find the minority (parent exponent below ``split_exp``; none when it is 0) and order it by
     exponent, stably. ``n_N`` (encoder only) also gathers the minority's new bits."""
-    mag_mask, threshold = spec.np_dtype(spec.mag_mask), split_exp << spec.mant_bits
-    idx, exps, old, new = [], [], [], []
-    for s, e in _chunks(p_N.size if split_exp else 0):
+    idx, exps = _scan_below(p_N, split_exp, spec)
+    return _order_of(p_N, n_N, idx, exps, split_exp, spec)
+
+
+def _scan_below(p_N: np.ndarray, exp: int, spec: _Bits) -> tuple[np.ndarray, np.ndarray]:
+    """(indices ascending, exponents) of the elements whose exponent is below ``exp``: one pass."""
+    mag_mask, threshold = spec.np_dtype(spec.mag_mask), spec.np_dtype(exp << spec.mant_bits)
+    idx, exps = [], []
+    for s, e in _chunks(p_N.size if exp else 0):
         mag = np.bitwise_and(p_N[s:e], mag_mask, out=_scratch("mag", e - s, spec.np_dtype))
-        hit = np.flatnonzero(np.less(mag, spec.np_dtype(threshold), out=_scratch("mask", e - s, np.bool_)))
+        hit = np.flatnonzero(np.less(mag, threshold, out=_scratch("mask", e - s, np.bool_)))
         idx.append(hit + s)
-        exps.append(mag[hit] >> spec.mant_bits)
-        old.append(p_N[s:e][hit])
-        if n_N is not None:
-            new.append(n_N[s:e][hit])
-    perm_M = np.argsort(_cat(exps, spec.np_dtype).astype(np.uint8), kind="stable")
-    new_M = _cat(new, p_N.dtype) if n_N is not None else None
-    return _Order(_cat(idx, np.int64), perm_M, _cat(old, p_N.dtype), new_M, threshold)
+        exps.append((mag[hit] >> spec.mant_bits).astype(np.uint8))
+    return _cat(idx, np.int64), _cat(exps, np.uint8)
+
+
+def _order_of(
+    p_N: np.ndarray,
+    n_N: np.ndarray | None,
+    idx_M: np.ndarray,
+    exp_M: np.ndarray,
+    split_exp: int,
+    spec: _Bits,
+    pos_M: np.ndarray | None = None,
+) -> _Order:
+    perm_M = np.argsort(exp_M, kind="stable")
+    new_M = n_N[idx_M] if n_N is not None else None
+    return _Order(idx_M, perm_M, p_N[idx_M], new_M, split_exp << spec.mant_bits, pos_M)
+
+
+class MinorityIndex:
+    """The elements of one tensor whose exponent is below ``cap``, kept in step with the tensor.
+
+    Finding a delta's minority costs a pass over the parent; a sender or receiver that codes one
+    version after another keeps this index instead: it is built once (one pass), then advanced by
+    every delta it codes or applies from the changed elements alone, so the minority of the next
+    delta (any split up to ``cap``) costs O(index size), not O(tensor). The index must describe
+    the exact parent it is used with; the codec advances it to describe the result, and the
+    caller resets it (:meth:`reset`) whenever the tensor changes any other way. A wrong index
+    gives a wrong result, which the decoded tensor's digest catches.
+    """
+
+    CAP_MARGIN = 1
+    """Exponent classes kept above the split the index is built for (splits drift by a few)."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.idx_K = np.zeros(0, dtype=np.int64)
+        self.exp_K = np.zeros(0, dtype=np.uint8)
+        self.builds = 0
+
+    @property
+    def built(self) -> bool:
+        return self.cap > 0
+
+    def reset(self) -> None:
+        self.cap = 0
+        self.idx_K, self.exp_K = self.idx_K[:0], self.exp_K[:0]
+
+    def order(self, p_N: np.ndarray, n_N: np.ndarray | None, split_exp: int, spec: _Bits) -> _Order:
+        """The virtual order for ``split_exp`` (rebuilds the index when the split exceeds its cap)."""
+        if split_exp > self.cap:
+            self.cap = min(split_exp + self.CAP_MARGIN, 1 << spec.exp_bits)
+            self.idx_K, self.exp_K = _scan_below(p_N, self.cap, spec)
+            self.builds += 1
+        below = np.flatnonzero(self.exp_K < split_exp)
+        return _order_of(p_N, n_N, self.idx_K[below], self.exp_K[below], split_exp, spec, below)
+
+    def advance(
+        self,
+        idx_C: np.ndarray,
+        old_C: np.ndarray,
+        new_C: np.ndarray,
+        spec: _Bits,
+        known_K: np.ndarray | None = None,
+    ) -> None:
+        """Elements ``idx_C`` changed from ``old_C`` to ``new_C`` bits: update the index. The first
+        ``known_K.size`` of them are in the index at positions ``known_K`` (the delta's minority)."""
+        if not self.built or idx_C.size == 0:
+            return
+        k = 0 if known_K is None else known_K.size
+        mag, threshold = spec.np_dtype(spec.mag_mask), spec.np_dtype(self.cap << spec.mant_bits)
+        new_mag_C = new_C & mag
+        now_C = new_mag_C < threshold
+        was_R = (old_C[k:] & mag) < threshold  # the rest: in the index only if below the cap
+        in_R = np.flatnonzero(was_R)
+        pos = np.searchsorted(self.idx_K, idx_C[k:][in_R])
+        if k:
+            pos, in_R = np.concatenate([known_K, pos]), np.concatenate([np.arange(-k, 0), in_R])
+        stays = now_C[in_R + k]
+        self.exp_K[pos[stays]] = (new_mag_C[in_R[stays] + k] >> spec.mant_bits).astype(np.uint8)
+        if not stays.all():
+            keep = np.ones(self.idx_K.size, dtype=bool)
+            keep[pos[~stays]] = False
+            self.idx_K, self.exp_K = self.idx_K[keep], self.exp_K[keep]
+        join = np.flatnonzero(now_C[k:] & ~was_R) + k
+        if join.size:
+            by_index = np.argsort(idx_C[join], kind="stable")
+            j_idx = idx_C[join][by_index]
+            j_exp = (new_mag_C[join][by_index] >> spec.mant_bits).astype(np.uint8)
+            at = np.searchsorted(self.idx_K, j_idx)
+            self.idx_K, self.exp_K = np.insert(self.idx_K, at, j_idx), np.insert(self.exp_K, at, j_exp)
 
 
 def _to_virtual(
     changed: tuple[np.ndarray, np.ndarray, np.ndarray], order: _Order, spec: _Bits
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(virtual positions ascending, old bits, new bits) of the changed elements."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(virtual positions ascending, old bits, new bits) of the changed elements, and where the
+    changed minority elements (they come first) lie in ``order.sorted_M``."""
     idx_C, old_C, new_C = changed
     m = order.n_minority
     if m == 0:
-        return idx_C, old_C, new_C
+        return idx_C, old_C, new_C, np.zeros(0, dtype=np.intp)
     assert order.new_M is not None
     v_min = np.flatnonzero((order.old_M != order.new_M)[order.perm_M])
     pick = order.perm_M[v_min]
     majority = np.flatnonzero((old_C & spec.np_dtype(spec.mag_mask)) >= order.threshold)
     vpos_C = np.concatenate([v_min, idx_C[majority] + m])
     old = np.concatenate([order.old_M[pick], old_C[majority]])
-    return vpos_C, old, np.concatenate([order.new_M[pick], new_C[majority]])
+    return vpos_C, old, np.concatenate([order.new_M[pick], new_C[majority]]), pick
 
 
-def _from_virtual(vpos_C: np.ndarray, order: _Order, p_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(element indices, parent bits) of virtual positions (inverse of :func:`_to_virtual`)."""
+def _from_virtual(
+    vpos_C: np.ndarray, order: _Order, p_N: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(element indices, parent bits) of virtual positions (inverse of :func:`_to_virtual`), and
+    where the changed minority elements (they come first) lie in ``order.sorted_M``."""
     m = order.n_minority
     if m == 0:
-        return vpos_C, p_N[vpos_C]
+        return vpos_C, p_N[vpos_C], np.zeros(0, dtype=np.intp)
     cut = int(np.searchsorted(vpos_C, m))
     pick = order.perm_M[vpos_C[:cut]]
     majority = vpos_C[cut:] - m
     idx = np.concatenate([order.sorted_M[pick], majority])
-    return idx, np.concatenate([order.old_M[pick], p_N[majority]])
+    return idx, np.concatenate([order.old_M[pick], p_N[majority]]), pick
 
 
 # ---------------------------------------------------------------- positions
@@ -551,8 +645,19 @@ def _read_header(data: memoryview, kind: int | None) -> tuple[_Header, int]:
 # ---------------------------------------------------------------- public API: one tensor
 
 
-def encode_delta(parent: torch.Tensor, new: torch.Tensor) -> bytes:
-    """The delta blob that turns ``parent`` into ``new`` (same dtype and shape), bit-exact."""
+def _minority(
+    p_N: np.ndarray, n_N: np.ndarray | None, split_exp: int, spec: _Bits, index: MinorityIndex | None
+) -> _Order:
+    if index is None or split_exp == 0:
+        return _order(p_N, n_N, split_exp, spec)
+    return index.order(p_N, n_N, split_exp, spec)
+
+
+def encode_delta(parent: torch.Tensor, new: torch.Tensor, index: MinorityIndex | None = None) -> bytes:
+    """The delta blob that turns ``parent`` into ``new`` (same dtype and shape), bit-exact.
+
+    ``index`` (optional) describes ``parent`` (see :class:`MinorityIndex`); it is advanced to
+    describe ``new``. The blob does not depend on it."""
     spec = _spec(parent, "parent")
     if not isinstance(new, torch.Tensor) or new.dtype != parent.dtype or new.shape != parent.shape:
         got = f"{new.dtype} {tuple(new.shape)}" if isinstance(new, torch.Tensor) else type(new).__name__
@@ -565,8 +670,10 @@ def encode_delta(parent: torch.Tensor, new: torch.Tensor) -> bytes:
         return head.pack()
     if head.n_changed >= MIN_SPLIT_CHANGED:
         head.split_exp = _choose_split(p_N, changed[1], spec)
-    order = _order(p_N, n_N, head.split_exp, spec)
-    vpos_C, old_C, new_C = _to_virtual(changed, order, spec)
+    order = _minority(p_N, n_N, head.split_exp, spec, index)
+    vpos_C, old_C, new_C, pick = _to_virtual(changed, order, spec)
+    if index is not None:
+        _advance(index, order, vpos_C, old_C, new_C, pick, spec)
     head.pos_scheme, head.gap_width, pos = _encode_positions(vpos_C, p_N.size + order.n_minority)
     n_minority_changed = int(np.searchsorted(vpos_C, order.n_minority))
     head.val_scheme, val = _encode_values(old_C, new_C, n_minority_changed, spec)
@@ -574,11 +681,15 @@ def encode_delta(parent: torch.Tensor, new: torch.Tensor) -> bytes:
     return head.pack(pos, val)
 
 
-def decode_delta(parent: torch.Tensor, data: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
+def decode_delta(
+    parent: torch.Tensor, data: bytes, out: torch.Tensor | None = None, index: MinorityIndex | None = None
+) -> torch.Tensor:
     """Rebuild the new tensor from ``parent`` and a delta blob; write into ``out`` when given.
 
     ``out`` may be ``parent`` itself (apply in place, e.g. to the live parameter); it must have
-    the parent's dtype and shape. Returns the tensor holding the result.
+    the parent's dtype and shape. Returns the tensor holding the result. ``index`` (optional)
+    describes ``parent`` (see :class:`MinorityIndex`) and is advanced to describe the result;
+    after an error it is reset.
     """
     spec = _spec(parent, "parent")
     view = memoryview(data)
@@ -594,22 +705,54 @@ def decode_delta(parent: torch.Tensor, data: bytes, out: torch.Tensor | None = N
     if head.n_changed > p_N.size or head.n_minority > p_N.size:
         raise ValueError(f"corrupted delta header: {head.n_changed} changed of {p_N.size} elements")
     if head.n_changed:
-        order = _order(p_N, None, head.split_exp, spec)
-        if order.n_minority != head.n_minority:
-            raise ValueError(
-                f"delta does not fit this parent: {order.n_minority} elements below its split, "
-                f"the delta was made against {head.n_minority}"
-            )
-        pos_blob = view[offset : offset + head.pos_len]
-        n_virtual = p_N.size + order.n_minority
-        vpos_C = _decode_positions(head.pos_scheme, head.gap_width, pos_blob, head.n_changed, n_virtual)
-        idx_C, old_C = _from_virtual(vpos_C, order, p_N)
-        new_C = _decode_values(head.val_scheme, view[offset + head.pos_len :], old_C, spec)
+        try:
+            idx_C, new_C = _decode_changes(p_N, head, view[offset:], spec, index)
+        except ValueError:
+            if index is not None:
+                index.reset()
+            raise
     if target.data_ptr() != parent.data_ptr() or target.device != parent.device:
         target.copy_(parent)
     if idx_C is not None:
         _bits(target, spec)[idx_C] = new_C
     return _finish(target, out)
+
+
+def _decode_changes(
+    p_N: np.ndarray, head: _Header, streams: memoryview, spec: _Bits, index: MinorityIndex | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(element indices, new bits) of the changed elements; advances ``index``."""
+    order = _minority(p_N, None, head.split_exp, spec, index)
+    if order.n_minority != head.n_minority:
+        raise ValueError(
+            f"delta does not fit this parent: {order.n_minority} elements below its split, "
+            f"the delta was made against {head.n_minority}"
+        )
+    n_virtual = p_N.size + order.n_minority
+    pos_blob = streams[: head.pos_len]
+    vpos_C = _decode_positions(head.pos_scheme, head.gap_width, pos_blob, head.n_changed, n_virtual)
+    idx_C, old_C, pick = _from_virtual(vpos_C, order, p_N)
+    new_C = _decode_values(head.val_scheme, streams[head.pos_len :], old_C, spec)
+    if index is not None:
+        _advance(index, order, idx_C, old_C, new_C, pick, spec, virtual=False)
+    return idx_C, new_C
+
+
+def _advance(
+    index: MinorityIndex,
+    order: _Order,
+    pos_C: np.ndarray,
+    old_C: np.ndarray,
+    new_C: np.ndarray,
+    pick: np.ndarray,
+    spec: _Bits,
+    virtual: bool = True,
+) -> None:
+    """Advance ``index`` by a delta's changes (minority first; ``pos_C`` virtual positions or,
+    with ``virtual=False``, element indices)."""
+    k, m = pick.size, order.n_minority
+    idx_C = np.concatenate([order.sorted_M[pick], pos_C[k:] - m]) if virtual and m else pos_C
+    index.advance(idx_C, old_C, new_C, spec, None if order.pos_M is None else order.pos_M[pick])
 
 
 def _target(parent: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -733,13 +876,28 @@ def _map_tensors(
     return {name: done[name] for name in names}
 
 
+def indexes_for(
+    names: list[str], indexes: dict[str, MinorityIndex] | None
+) -> dict[str, MinorityIndex | None]:
+    """Each name's :class:`MinorityIndex` in ``indexes`` (created when missing), or None for all."""
+    if indexes is None:
+        return dict.fromkeys(names)
+    return {k: indexes.setdefault(k, MinorityIndex()) for k in names}
+
+
 def encode_state(
-    parent: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], workers: int = 1
+    parent: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    workers: int = 1,
+    indexes: dict[str, MinorityIndex] | None = None,
 ) -> dict[str, bytes]:
-    """Delta blobs of every tensor of ``new`` against ``parent`` (same names), on ``workers`` threads."""
+    """Delta blobs of every tensor of ``new`` against ``parent`` (same names), on ``workers`` threads.
+    ``indexes`` (name -> :class:`MinorityIndex` of ``parent``, kept by a caller that codes one
+    version after another) is advanced to describe ``new``."""
     _check_names(parent, new, "new state")
+    index = indexes_for(list(new), indexes)
     return _map_tensors(
-        lambda k: encode_delta(parent[k], new[k]), list(new), workers, lambda k: new[k].numel()
+        lambda k: encode_delta(parent[k], new[k], index[k]), list(new), workers, lambda k: new[k].numel()
     )
 
 
@@ -748,9 +906,11 @@ def decode_state(
     blobs: Mapping[str, bytes],
     workers: int = 1,
     out: Mapping[str, torch.Tensor] | None = None,
+    indexes: dict[str, MinorityIndex] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Apply every delta blob to its parent tensor, into ``out[name]`` when given (``out`` may be
     ``parent`` itself: the live weights, updated in place). Returns the new tensors by name.
+    ``indexes`` as in :func:`encode_state` (advanced to describe the result).
 
     Each worker decodes one tensor at a time; its scratch is bounded (see the module contract),
     so with ``out`` no full-size memory is allocated at all.
@@ -759,8 +919,10 @@ def decode_state(
     if out is not None:
         _check_names(parent, out, "out")
 
+    index = indexes_for(list(blobs), indexes)
+
     def one(name: str) -> torch.Tensor:
-        return decode_delta(parent[name], blobs[name], None if out is None else out[name])
+        return decode_delta(parent[name], blobs[name], None if out is None else out[name], index[name])
 
     return _map_tensors(one, list(blobs), workers, lambda k: parent[k].numel())
 

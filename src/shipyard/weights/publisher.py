@@ -124,6 +124,8 @@ class WeightPublisher:
         """False: every version is a full snapshot (the baseline that ships whole models)."""
         self._parent: dict[str, Any] | None = None
         self._parent_version: int | None = None
+        self._indexes: dict[str, Any] = {}
+        """Per tensor, the codec's MinorityIndex of the parent (advanced by every delta coded)."""
         self._resumed = False
         self._manifests: dict[int, Manifest] = {}
 
@@ -143,6 +145,7 @@ class WeightPublisher:
             manifest = self._write(version, tensors, parent, with_snapshot, extra or {})
         except BaseException:
             self._parent, self._parent_version = None, None  # the parent copy may be half updated
+            self._indexes = {}
             raise
         data = manifest.to_bytes()
         self.store.put(manifest_key(version), data)
@@ -186,9 +189,12 @@ class WeightPublisher:
         with_snapshot: bool,
         extra: dict[str, Any],
     ) -> Manifest:
-        from shipyard.weights.codec import encode_delta, encode_snapshot, tensor_digest
+        from shipyard.weights.codec import encode_delta, encode_snapshot, indexes_for, tensor_digest
 
         entries: dict[str, TensorEntry] = {}
+        if parent is None:
+            self._indexes = {}  # a new parent: indexes are built again by the next delta
+        index = indexes_for(list(tensors), self._indexes)
         parent_version = self._parent_version if parent is not None else None
         new_parent: dict[str, Any] = {} if parent is None else parent
         with ThreadPoolExecutor(self.connections, thread_name_prefix="weights-upload") as up:
@@ -206,7 +212,7 @@ class WeightPublisher:
                 t = tensors[name].detach().to("cpu", self.dtype).contiguous()
                 blobs = {}
                 if parent is not None:
-                    blobs["delta"] = encode_delta(parent[name], t)
+                    blobs["delta"] = encode_delta(parent[name], t, index[name])
                 if with_snapshot:
                     blobs["snapshot"] = encode_snapshot(t)
                 digest = tensor_digest(t)

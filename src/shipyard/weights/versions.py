@@ -188,6 +188,10 @@ class VersionReader:
         """Manifests seen so far (immutable once written), so a poll costs LATEST and the shards."""
         self.on_shard: Callable[[int, ShardEntry, bytes], None] | None = None
         """Called with every verified shard (a relay copies it into its mirror)."""
+        self.indexes: dict[str, Any] = {}
+        """Per tensor, the :class:`~shipyard.weights.codec.MinorityIndex` of the last state this
+        reader decoded (version ``index_version``): the next delta against it skips a pass."""
+        self.index_version: int | None = None
 
     def shard(self, version: int, shard: ShardEntry) -> bytes:
         """The verified bytes of one shard."""
@@ -237,18 +241,35 @@ class VersionReader:
             raise ValueError(
                 f"weights version {manifest.version}: tensor digests do not give the state digest"
             )
+        if encoding != "delta" or self.index_version != enc.parent:
+            self.indexes.clear()  # they describe another state than this step's base
+        self.index_version = None
         result: dict[str, Any] = {}
-        for idx, shard in enumerate(enc.shards):
-            data = self.shard(manifest.version, shard)
-            members = [n for n, r in enc.ranges.items() if r[0] == idx]
-            t0 = time.perf_counter()
-            result.update(
-                _decode_many(
-                    manifest, enc, encoding, data, members, base, out, base_digests or {}, self.workers
+        try:
+            for idx, shard in enumerate(enc.shards):
+                data = self.shard(manifest.version, shard)
+                members = [n for n, r in enc.ranges.items() if r[0] == idx]
+                t0 = time.perf_counter()
+                result.update(
+                    _decode_many(
+                        manifest,
+                        enc,
+                        encoding,
+                        data,
+                        members,
+                        base,
+                        out,
+                        base_digests or {},
+                        self.workers,
+                        self.indexes,
+                    )
                 )
-            )
-            with self.stats.lock:
-                self.stats.decode_s += time.perf_counter() - t0
+                with self.stats.lock:
+                    self.stats.decode_s += time.perf_counter() - t0
+        except BaseException:
+            self.indexes.clear()
+            raise
+        self.index_version = manifest.version
         return result
 
     def clear_cache(self, below: int) -> None:
@@ -276,8 +297,17 @@ def _decode_many(
     out: dict[str, Any] | None,
     base_digests: Mapping[str, str],
     workers: int,
+    indexes: dict[str, Any],
 ) -> dict[str, Any]:
-    from shipyard.weights.codec import decode_delta, decode_snapshot, describe_blob, digest_matches
+    from shipyard.weights.codec import (
+        decode_delta,
+        decode_snapshot,
+        describe_blob,
+        digest_matches,
+        indexes_for,
+    )
+
+    index = indexes_for(members, indexes)
 
     view = memoryview(data)
 
@@ -288,7 +318,7 @@ def _decode_many(
         target = None if out is None else out[name]
         if encoding == "delta":
             assert base is not None
-            t = decode_delta(base[name], blob, out=target)
+            t = decode_delta(base[name], blob, out=target, index=index[name])
             if describe_blob(blob)["changed"] == 0 and base_digests.get(name) == entry.digest:
                 return name, t  # the verified parent, copied bit for bit
         else:
