@@ -5,8 +5,12 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
 (:class:`shipyard.envs.sandbox.BwrapSandbox`) and the production grader
 (:func:`shipyard.envs.grader.grade`):
 
-- ``create_p50_ms`` / ``create_p99_ms``: construction (workspace with one file) to the first
-  command's result (``exec("true")``, which starts the session);
+- ``create_p50_ms`` / ``create_p99_ms``: a COLD create, no pool: construction (workspace with
+  one file, cgroups) to the first command's result (``exec("true")``, which starts bwrap and the
+  session); ``session_server`` says which server ran (the compiled agent of
+  :mod:`shipyard.envs.sandbox.agent`, or ``sh`` and why); ``create_sh_*`` are the same sandbox
+  with the ``/bin/sh`` server and cgroup wrapper (the fallback), alternating with it as the
+  baseline; ``lifecycle_cpu_ms`` / ``lifecycle_sh_cpu_ms``: CPU per create + command + close;
 - ``create_warm_p50_ms`` / ``create_warm_p99_ms``: the same from a pre-warmed
   :class:`~shipyard.envs.sandbox.pool.SandboxPool` (4 warm): ``acquire`` (which writes the
   file) + ``exec("true")``, each sample taken once the pool has refilled (a request rate under
@@ -20,7 +24,10 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
   in a session, over the same command run directly on the host (same interpreter, same files),
   minus 1; runs alternate;
 - ``idle_mib``: RSS summed over a session's processes (bwrap, the sandbox's pid 1, the server)
-  after one command; ``idle_pss_mib`` and ``idle_anon_mib`` say how much of it is shared;
+  after one command: the strictest measure (shared library pages count once per process);
+  ``idle_pss_mib``, ``idle_uss_mib`` and ``idle_anon_mib`` say how much of it is shared,
+  ``idle_cgroup_mib`` is what the sandbox's memory cgroup is charged (kernel objects included),
+  ``idle_sh_mib`` the RSS with the ``/bin/sh`` server;
 - ``pool_idle_*_mib``: per sandbox, over 32 idle warm sandboxes of a pool: RSS, PSS (shared
   pages split between their users), USS (pages no other process maps: what one more sandbox
   really costs in process memory) and the sandbox's memory cgroup usage (kernel objects and
@@ -62,6 +69,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import resource
 import shutil
 import statistics
@@ -83,7 +91,7 @@ from shipyard.agent.session import RUN_VISIBLE, workspace_files
 from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.anticheat import detect
 from shipyard.envs.grader import grade
-from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
+from shipyard.envs.sandbox import BwrapSandbox, agent, sandbox_available
 from shipyard.envs.sandbox.bwrap import descendants, leftovers
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.tasks import generated_tasks
@@ -124,16 +132,29 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_create(n: int) -> dict[str, float]:
+def bench_create(n: int) -> dict[str, Any]:
+    """Cold create-to-first-command (no pool), the compiled session agent and, alternating with it,
+    the same sandbox with the ``/bin/sh`` server and cgroup wrapper (the fallback, as baseline)."""
     files = {"solution.py": "def f():\n    return 1\n"}
-    samples = []
+    variants = {"": True, "_sh": False} if agent.agent_fd() is not None else {"": False}
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    cpu = dict.fromkeys(variants, 0.0)
+    order = random.Random(0)
     for _ in range(n):
-        start = time.perf_counter()
-        sb = BwrapSandbox(files, CFG)
-        assert sb.exec("true").returncode == 0
-        samples.append(time.perf_counter() - start)
-        sb.close()
-    return {"create_p50_ms": _ms(_pct(samples, 0.5)), "create_p99_ms": _ms(_pct(samples, 0.99))}
+        for key in order.sample(list(variants), len(variants)):  # neither always follows the other
+            cpu0, start = _cpu_s(), time.perf_counter()
+            sb = BwrapSandbox(files, CFG, use_agent=variants[key])
+            assert sb.exec("true").returncode == 0
+            samples[key].append(time.perf_counter() - start)
+            sb.close()  # reaps bwrap: only now is its CPU time in RUSAGE_CHILDREN
+            cpu[key] += _cpu_s() - cpu0
+    out: dict[str, Any] = {"session_server": "agent" if variants[""] else f"sh ({agent.agent_problem()})"}
+    for key, values in samples.items():
+        out[f"create{key}_p50_ms"] = _ms(_pct(values, 0.5))
+        out[f"create{key}_p99_ms"] = _ms(_pct(values, 0.99))
+        out[f"create{key}_min_ms"] = _ms(min(values))
+        out[f"lifecycle{key}_cpu_ms"] = _ms(cpu[key] / n)
+    return out
 
 
 def _pool_cfg(warm: int, max_live: int = 64) -> SandboxConfig:
@@ -293,24 +314,35 @@ def _pss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
 
 
-def bench_idle(n: int = 5) -> dict[str, float]:
-    rss, pss, anon, procs = [], [], [], []
+def _idle(n: int, use_agent: bool) -> dict[str, float]:
+    """Medians over ``n`` idle sessions (after one command): RSS, PSS, USS, anonymous RSS, cgroup charge."""
+    figures: dict[str, list[float]] = {k: [] for k in ("rss", "pss", "uss", "anon", "cgroup", "processes")}
     for _ in range(n):
-        with BwrapSandbox(None, CFG) as sb:
+        with BwrapSandbox(None, CFG, use_agent=use_agent) as sb:
             sb.exec("true")
             time.sleep(0.05)
             assert sb.session_pid is not None
             pids = descendants(sb.session_pid)
-            procs.append(len(pids))
-            rss.append(sum(_status_kib(p, "VmRSS") for p in pids) / 1024)
-            anon.append(sum(_status_kib(p, "RssAnon") for p in pids) / 1024)
-            pss.append(sum(_pss_kib(p) for p in pids) / 1024)
-    return {
-        "idle_mib": round(statistics.median(rss), 2),
-        "idle_pss_mib": round(statistics.median(pss), 2),
-        "idle_anon_mib": round(statistics.median(anon), 2),
-        "idle_processes": statistics.median(procs),
-    }
+            figures["processes"].append(len(pids))
+            figures["rss"].append(sum(_status_kib(p, "VmRSS") for p in pids) / 1024)
+            figures["anon"].append(sum(_status_kib(p, "RssAnon") for p in pids) / 1024)
+            figures["pss"].append(sum(_pss_kib(p) for p in pids) / 1024)
+            figures["uss"].append(sum(_uss_kib(p) for p in pids) / 1024)
+            usage = _cgroup_usage_mib(sb)
+            if usage is not None:
+                figures["cgroup"].append(usage)
+    return {k: round(statistics.median(v), 2) for k, v in figures.items() if v}
+
+
+def bench_idle(n: int = 5) -> dict[str, float]:
+    """``idle_mib`` is RSS summed over the session's processes (bwrap, its pid 1, the server): the
+    strictest of the measures, counting shared library pages once per process."""
+    ours = _idle(n, use_agent=agent.agent_fd() is not None)
+    out = {"idle_mib": ours.pop("rss"), "idle_processes": ours.pop("processes")}
+    out |= {f"idle_{k}_mib": v for k, v in ours.items()}
+    if agent.agent_fd() is not None:
+        out["idle_sh_mib"] = _idle(n, use_agent=False)["rss"]
+    return out
 
 
 def _make_repo(root: Path, files: int = 5000, per_dir: int = 50) -> None:
