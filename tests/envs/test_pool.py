@@ -2,7 +2,7 @@
 
 Every test uses real bubblewrap sandboxes (skipped with the install hint where bwrap cannot run).
 Leak checks look at the host (:func:`~shipyard.envs.sandbox.bwrap.leftovers`): processes whose
-command line names a sandbox's directory, this process's ``shipyard-sb-PID-*`` cgroups, the
+command line or mount table names a sandbox's directory, this process's ``shipyard-sb-PID-*`` cgroups, the
 sandboxes' directories, the mount table, and this process's children.
 """
 

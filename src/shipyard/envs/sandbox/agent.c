@@ -1,14 +1,9 @@
-/* shipyard-agent: the sandbox's session command server and its host-side cgroup launcher.
+/* shipyard-agent: the session command server of a bubblewrap sandbox.
  *
  * Built once per machine by shipyard/envs/sandbox/agent.py and executed from a sealed memfd, so
  * no mount is needed to bring it into a sandbox and nothing inside can modify it. Freestanding
  * (no C library: raw system calls, x86_64 and aarch64 only), so it maps a few pages instead of
- * a libc: an idle agent is about 0.05 MiB resident where a /bin/sh server is 1.7 MiB. Two modes:
- *
- *   agent cg N FILE... PROG ARG...
- *       host side: write "0" to each of the N cgroup.procs FILEs (moving this process into the
- *       sandbox's cgroups), then execve PROG (an absolute path: bwrap) with the same
- *       environment. Exit 125 if a write fails, 127 if the exec does.
+ * a libc: an idle agent is about 0.03 MiB resident where a /bin/sh server is 1.7 MiB.
  *
  *   agent serve SELF_FD OUT_FD CORE AS_KIB FSIZE_BLOCKS NPROC
  *       inside the sandbox: close SELF_FD (the memfd it was executed from), set the rlimits
@@ -187,21 +182,6 @@ static int move_fd(int from, int to) {
     return sys3(SYS_dup3, from, to, 0) < 0 ? -1 : 0;
 }
 
-static int launch(int argc, char **argv, char **envp) {
-    if (argc < 3) return 2;
-    unsigned long long n = number(argv[2]);
-    if ((long long)n + 3 >= argc) return 2;
-    for (unsigned long long i = 0; i < n; i++) {
-        long fd = sys6(SYS_openat, AT_FDCWD, (long)argv[3 + i], O_WRONLY | O_CLOEXEC, 0, 0, 0);
-        if (fd < 0 || write_all((int)fd, "0", 1) < 0) return 125;
-        sys3(SYS_close, fd, 0, 0);
-    }
-    char **prog = argv + 3 + n;
-    sys3(SYS_execve, prog[0], prog, envp);
-    say("shipyard-agent: exec failed\n");
-    return 127;
-}
-
 /* What dash prints on stderr for a command a signal ended (strsignal's text; none for SIGINT, SIGPIPE). */
 static const char *const SIGNAL_TEXT[32] = {
     0, "Hangup", 0, "Quit", "Illegal instruction", "Trace/breakpoint trap", "Aborted", "Bus error",
@@ -308,8 +288,7 @@ __attribute__((noreturn, used)) void start_c(long *sp) {
     int argc = (int)sp[0];
     char **argv = (char **)(sp + 1);
     char **envp = argv + argc + 1;
-    if (argc >= 2 && streq(argv[1], "cg")) quit(launch(argc, argv, envp));
     if (argc >= 2 && streq(argv[1], "serve")) quit(serve(argc, argv, envp));
-    say("usage: agent cg N FILE... PROG ARG... | agent serve SELF OUT CORE AS FSIZE NPROC\n");
+    say("usage: agent serve SELF_FD OUT_FD CORE AS_KIB FSIZE_BLOCKS NPROC\n");
     quit(2);
 }

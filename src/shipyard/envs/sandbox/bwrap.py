@@ -8,7 +8,8 @@ working directory), so files persist across :meth:`~BwrapSandbox.exec` calls. Co
 disabled (bwrap ``--disable-userns``), the seccomp deny-list of :mod:`.seccomp` (``EPERM`` for
 ptrace, mount, namespace creation, keyrings, BPF, perf, io_uring, module loading and the like;
 ``cfg.seccomp``), a cleared environment, a read-only view of the system
-(``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files and the running Python installation, so
+(``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files (a prebuilt copy bound once, :mod:`.sysroot`)
+and the running Python installation, so
 ``python`` is this interpreter with pytest importable), a size-capped tmpfs ``/tmp`` and
 ``/dev/shm``, a minimal ``/dev``, a fresh ``/proc`` (no ``/sys``) and a read-only root. Nothing
 outside the workspace (and ``/tmp``, ``/dev/shm``, extra ``binds``) is writable; host paths that
@@ -16,13 +17,15 @@ are not bound do not exist inside. Inside, commands run as uid 0 of their user n
 mapped to the caller's uid (files they write belong to the caller). bwrap itself starts with
 the environment :data:`_HOST_ENV` and working directory ``/``: the sandbox's pid 1 is a bwrap
 process whose ``/proc/1/environ`` the sandbox can read, so the caller's environment (tokens,
-keys) must never reach it; ``/proc/1/cmdline`` does show bwrap's arguments (host paths of the
-workspace and the Python installation). Needs Linux and bubblewrap >= 0.8
+keys) must never reach it; its ``/proc/1/cmdline`` shows only ``--args FD`` and the server's
+command (the options, with host paths, come through a pipe). Needs Linux and bubblewrap >= 0.8
 (:func:`sandbox_available` says what is missing).
 
 Session (``persistent=True``, the default): the first ``exec`` starts one long-lived bwrap whose
-process is a small ``/bin/sh`` command server (:data:`_SERVER`) reading length-framed commands
-from a pipe; each command runs in a fresh ``/bin/sh -c`` child with stdin ``/dev/null``, its
+process is a small command server reading length-framed commands from a pipe: the compiled
+agent of :mod:`.agent` (a freestanding C program run from a sealed memfd, 0.03 MiB resident)
+where a C compiler is available (``use_agent=True``, the default), else ``/bin/sh`` running
+:data:`_SERVER`, which speaks the same protocol; each command runs in a fresh ``/bin/sh -c`` child with stdin ``/dev/null``, its
 output streams back over two pipes and its exit status over a third. When the command's main
 process exits the server kills every other process of the sandbox (``kill -9 -1`` from inside
 the pid namespace), so a command never outlives its ``exec`` (background jobs die with it) and
@@ -65,9 +68,12 @@ order: a ``pids`` cgroup made for this sandbox when one can be created (cgroup v
 hierarchy, or v2 where our cgroup delegates ``pids``), which also counts threads and the
 sandbox's own bwrap and server processes (3 of the budget); else ``RLIMIT_NPROC`` (effective
 when the host uid is not 0); else none. :attr:`BwrapSandbox.process_limit` says which
-(``"cgroup"``, ``"rlimit"``, ``"none"``). Bwrap is moved into the cgroups by a ``/bin/sh``
-wrapper that execs it, so Python never forks with a ``preexec_fn`` (a plain ``vfork``/``exec``
-keeps starts cheap in large processes). The cgroup lives from construction to
+(``"cgroup"``, ``"rlimit"``, ``"none"``). bwrap starts blocked reading its options from a pipe
+(``--args``); the launching thread moves it into the cgroups, then writes them
+(:func:`_release_args`), so no wrapper process is needed and Python never forks with a
+``preexec_fn`` (a plain ``vfork``/``exec`` keeps starts cheap in large processes). The move
+must come before bwrap creates the sandbox: the cgroup namespace is rooted where bwrap is then,
+which keeps the host's cgroup names out of the sandbox's ``/proc/self/cgroup``. The cgroup lives from construction to
 :meth:`~BwrapSandbox.close`; a host process killed hard leaves its empty ``shipyard-sb-PID-*``
 cgroups and temp directories behind, which :func:`reap_stale` removes (the first sandbox of
 every process runs it).
@@ -147,10 +153,6 @@ _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`; "
     "Arch: `pacman -S bubblewrap`)"
 )
-_CG_WRAP = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
-)
-"""Host-side wrapper: move this shell into the sandbox's N cgroups (``N FILE...``), then exec bwrap."""
 _MOUNT_WRAP = (
     'mount -t overlay shipyard -o "lowerdir=$1,upperdir=$2,workdir=$3,userxattr" "$4" || exit 125; '
     'shift 4; exec "$@"'
@@ -352,17 +354,17 @@ def descendants(pid: int) -> list[int]:
 
 def leftovers(roots: Sequence[str]) -> dict[str, int]:
     """What sandboxes with these workspace ``roots`` left on the host: live processes whose
-    command line names a root, mounts naming one, roots still on disk, and this process's
-    ``shipyard-sb-PID-*`` cgroups (of every sandbox, closed or not)."""
+    command line or mount table names a root (bwrap gets its options through a pipe, so its
+    sandbox's processes show the workspace only as a mount), mounts of ours naming one, roots
+    still on disk, and this process's ``shipyard-sb-PID-*`` cgroups (of every sandbox, closed or not)."""
     procs = 0
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read().decode(errors="replace")
-            except OSError:
-                continue
-            procs += any(root in cmdline for root in roots)
+        if entry.isdigit() and entry != str(os.getpid()):
+            seen = ""
+            for name in ("cmdline", "mountinfo"):
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/{name}", "rb") as f:
+                    seen += f.read().decode(errors="replace")
+            procs += any(root in seen for root in roots)
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for line in f if any(root in line for root in roots))
     prefix = f"shipyard-sb-{os.getpid()}-"
@@ -397,6 +399,32 @@ def _python_roots() -> tuple[str, ...]:
 def _which(name: str) -> str:
     """Absolute path of a program on PATH (looked up once per process), else ``name``."""
     return shutil.which(name) or name
+
+
+def _release_args(
+    proc: subprocess.Popen[bytes], procs_files: Sequence[str], args_w: int, options: list[str]
+) -> None:
+    """Move ``proc`` (bwrap, or the overlay wrapper that becomes it; blocked reading its options)
+    into the cgroups, then hand it ``options``. A failed move kills it: a sandbox never runs
+    outside its cgroups. On cgroup v1 the first move after an idle spell waits for an RCU grace
+    period (``cgroup.procs`` writes take a global lock that needs one), a few milliseconds."""
+    try:
+        for path in procs_files:
+            with open(path, "w") as f:
+                f.write(str(proc.pid))
+        data = b"".join(arg.encode("utf-8", "surrogateescape") + b"\0" for arg in options)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(args_w, view) :]
+    except OSError as exc:
+        _kill_group(proc)
+        if isinstance(exc, BrokenPipeError):
+            return  # bwrap died first: its caller sees it exit and reads its stderr
+        raise RuntimeError(
+            f"moving the sandbox into its cgroups ({list(procs_files)}) failed: {exc}"
+        ) from exc
+    finally:
+        os.close(args_w)
 
 
 class _Session:
@@ -690,40 +718,37 @@ class BwrapSandbox:
         return [f"/proc/self/fd/{self._agent}", "serve", str(self._agent), str(out_w), *map(str, limits)]
 
     def _launch(self, tail: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
-        """Start bwrap running ``tail`` (through the overlay and cgroup wrappers when needed)."""
-        argv = self._bwrap_argv() + list(tail)
+        """Start bwrap running ``tail`` (through the overlay wrapper with ``base``), in the cgroups.
+
+        bwrap's options travel through a pipe (``--args FD``) written only once this thread has
+        moved the new process into the sandbox's cgroups, so bwrap creates the sandbox (and its
+        cgroup namespace, rooted at the sandbox's cgroup) from inside them, without a wrapper."""
+        options = self._bwrap_argv()[1:]
+        keep: list[int] = []  # fds bwrap inherits, closed here once it has started
+        if self._seccomp is not None:
+            keep.append(seccomp.filter_fd(self._seccomp))
+            options += ["--seccomp", str(keep[-1])]
+        args_r, args_w = os.pipe()
+        keep.append(args_r)
+        argv = [self._bwrap, "--args", str(args_r), *tail]
         if self._base is not None:
-            wrap = [
-                _which("unshare"),
-                "-Urm",
-                "/bin/sh",
-                "-c",
-                _MOUNT_WRAP,
-                "shipyard-mount",
-            ]
-            wrap.append(self._base)
+            wrap = [_which("unshare"), "-Urm", "/bin/sh", "-c", _MOUNT_WRAP, "shipyard-mount", self._base]
             argv = wrap + self._layers + argv
-        procs = self._res.cgroups.procs_files()
-        if procs and self._agent is not None:
-            argv = [f"/proc/self/fd/{self._agent}", "cg", str(len(procs)), *procs, *argv]
-        elif procs:
-            argv = ["/bin/sh", "-c", _CG_WRAP, "shipyard-cgroup", str(len(procs)), *procs, *argv]
-        if self._agent is not None:
-            popen["pass_fds"] = (*popen.get("pass_fds", ()), self._agent)
+        agent_fds = (self._agent,) if self._agent is not None else ()
+        popen["pass_fds"] = (*popen.get("pass_fds", ()), *keep, *agent_fds)
         self._res.procs[:] = [p for p in self._res.procs if p.poll() is None]
-        fd = seccomp.filter_fd(self._seccomp) if self._seccomp is not None else -1
-        if fd >= 0:
-            i = argv.index(self._bwrap) + 1
-            argv[i:i] = ["--seccomp", str(fd)]
-            popen["pass_fds"] = (*popen.get("pass_fds", ()), fd)
         try:
             proc: subprocess.Popen[bytes] = subprocess.Popen(
                 argv, start_new_session=True, env=_HOST_ENV, cwd="/", **popen
             )
+        except BaseException:
+            os.close(args_w)
+            raise
         finally:
-            if fd >= 0:
+            for fd in keep:
                 os.close(fd)
         self._res.procs.append(proc)
+        _release_args(proc, self._res.cgroups.procs_files(), args_w, options)
         return proc
 
     def _session(self, mounted: bool = False) -> _Session:
