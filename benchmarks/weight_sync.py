@@ -128,7 +128,16 @@ def role_publisher(args: argparse.Namespace) -> None:
         t0 = time.time()
         m = pubs[mode].publish(v, tensors)
         enc = m.encodings["delta" if "delta" in m.encodings else "snapshot"]
-        emit(event="published", mode=mode, v=v, t0=t0, t1=time.time(), shipped=enc.nbytes, raw=m.raw_bytes)
+        emit(
+            event="published",
+            mode=mode,
+            v=v,
+            t0=t0,
+            t1=time.time(),
+            latest_at=pubs[mode].announced_at,
+            shipped=enc.nbytes,
+            raw=m.raw_bytes,
+        )
 
 
 def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
@@ -172,7 +181,14 @@ def role_region(args: argparse.Namespace) -> None:
     while not done.wait(0.005):
         for mode, (relay, subs) in parts.items():
             for rec in relay.log[seen.get((mode, -1), 0) :]:
-                emit(event="relayed", mode=mode, region=args.region, v=rec["version"], t=rec["at"])
+                emit(
+                    event="relayed",
+                    mode=mode,
+                    region=args.region,
+                    v=rec["version"],
+                    t=rec["at"],
+                    **{k: rec[k] for k in ("sync_at", "fetched_at", "decoded_at")},
+                )
             seen[(mode, -1)] = len(relay.log)
             for j, sub in enumerate(subs):
                 for rec in sub.adopted[seen.get((mode, j), 0) :]:
@@ -459,6 +475,11 @@ def version_record(v: int, new: list[dict], link_bytes: list[int], args: argpars
         "link_bytes": link_bytes,
         "pauses_s": [e["pause"] for e in adopted if e["pause"] is not None],
         "ready_s": [round(e["ready_s"], 4) for e in adopted],
+        "latest_s": published["latest_at"] - published["t0"],
+        "relay_phases_s": {
+            k: [round(e[k] - published["t0"], 4) for e in relayed]
+            for k in ("sync_at", "fetched_at", "t", "decoded_at")
+        },
         "paths": sorted({" ".join(e["path"]) for e in adopted}),
         "recovered": sum(e["errors"] for e in adopted),
     }

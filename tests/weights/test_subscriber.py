@@ -4,6 +4,9 @@ rebuilds snapshots locally and repairs a corrupted mirror."""
 
 import dataclasses
 import hashlib
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,15 @@ from shipyard.weights.leases import read_records
 from shipyard.weights.publisher import WeightPublisher, named_params
 from shipyard.weights.relay import WeightRelay
 from shipyard.weights.subscriber import EngineSink, WeightSubscriber
-from shipyard.weights.types import LATEST_KEY, latest_bytes, manifest_key, shard_key, state_digest
-from shipyard.weights.versions import latest_version, read_manifest
+from shipyard.weights.types import (
+    LATEST_HEAD_BYTES,
+    LATEST_KEY,
+    latest_bytes,
+    manifest_key,
+    shard_key,
+    state_digest,
+)
+from shipyard.weights.versions import HeadWatcher, latest_version, read_head, read_manifest
 
 
 def _adam_steps(model: torch.nn.Module, n: int, lr: float = 1e-5) -> None:
@@ -65,7 +75,10 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
     before = store.stats.snapshot()
     assert not sub.poll_once()
     after = store.stats.snapshot()
-    assert after["reads"] - before["reads"] == 1 and after["bytes_read"] - before["bytes_read"] <= 24
+    assert (
+        after["reads"] - before["reads"] == 1
+        and after["bytes_read"] - before["bytes_read"] <= LATEST_HEAD_BYTES
+    )
     _adam_steps(trainer, 1)
     shards = len(pub.publish(3, _bf16(trainer)).encodings["delta"].shards)
     reads = store.stats.reads
@@ -158,3 +171,68 @@ def test_bf16_versions_feed_an_fp32_engine(tmp_path: Path) -> None:
         got = named_params(served)[k]
         assert got.dtype == torch.float32 and torch.equal(got, t.to(torch.bfloat16).float()), k
     sub.stop()
+
+
+def test_relay_fetches_a_delta_in_the_round_trip_of_its_manifest(tmp_path: Path) -> None:
+    """LATEST's head names the delta's parent and shards: a relay that holds the parent fetches
+    them beside the manifest (two GETs in one round), verifies them against it, and refetches a
+    prefetched shard that does not match."""
+    states = _states(3)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, snapshot_every=10)
+    relay = WeightRelay(origin, mirror, name="relay-eu")
+    pub.publish(0, states[0])
+    assert relay.sync_once() == [0]
+    m1 = pub.publish(1, states[1])
+    head = read_head(origin)
+    assert head is not None and head.version == 1 and head.parent == 0
+    assert head.shards == tuple((s.name, s.size) for s in m1.encodings["delta"].shards)
+    reads = origin.stats.reads
+    assert relay.sync_once(head) == [1] and relay.version == 1
+    assert origin.stats.reads - reads == 1 + len(head.shards), "LATEST and the shards, nothing else"
+    assert torch.equal(relay.state["w"], states[1]["w"]) and read_head(mirror) == head
+    # a prefetch that read other bytes (the object was being replaced) is dropped and refetched
+    m2 = pub.publish(2, states[2])
+    shard = m2.encodings["delta"].shards[0]
+    key, good = shard_key(2, shard.name), origin.get(shard_key(2, shard.name))
+    origin.put(key, bytes(len(good)))
+    relay.reader.prefetch(2, [(shard.name, shard.size)])
+    relay.reader._prefetched[(2, shard.name)].result()
+    origin.put(key, good)
+    fetched = relay.reader.stats.bytes_fetched
+    assert relay.sync_once() == [2] and torch.equal(relay.state["w"], states[2]["w"])
+    assert relay.reader.stats.bytes_fetched - fetched == 2 * len(good) and not relay.errors
+    decoder = relay._decoder.submit(threading.get_native_id).result()  # announced versions decode niced
+    assert os.getpriority(os.PRIO_PROCESS, decoder) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+
+
+class _SlowStore:
+    """A store whose reads take ``delay_s`` (a long round trip); counts reads in flight."""
+
+    def __init__(self, inner: LocalStore, delay_s: float) -> None:
+        self.inner, self.delay_s, self.stats = inner, delay_s, inner.stats
+        self.in_flight = self.most_in_flight = 0
+        self._lock = threading.Lock()
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(self.delay_s)
+        with self._lock:
+            self.in_flight -= 1
+        return self.inner.get_range(key, start, end)
+
+
+def test_head_watcher_overlaps_polls_across_a_long_round_trip(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    WeightPublisher(store).publish(0, _states(1)[0])
+    slow = _SlowStore(store, delay_s=0.2)
+    watcher = HeadWatcher(slow, poll_s=0.02).start()  # type: ignore[arg-type]
+    try:
+        head = watcher.wait_newer(None, timeout_s=30)
+        assert head is not None and head.version == 0
+        assert watcher.wait_newer(0, timeout_s=0.3) is None
+    finally:
+        watcher.stop()
+    assert slow.most_in_flight >= 3, "reads started every poll_s while earlier ones were in flight"

@@ -35,6 +35,7 @@ from shipyard.weights.types import (
     ShardEntry,
     TensorEntry,
     latest_bytes,
+    latest_head,
     manifest_key,
     shard_key,
     state_digest,
@@ -50,9 +51,16 @@ class _ShardWriter:
     """Packs blobs into shards and uploads full shards in the background (bounded in flight)."""
 
     def __init__(
-        self, store: Store, version: int, prefix: str, shard_bytes: int, pool: ThreadPoolExecutor, slots: int
+        self,
+        store: Store,
+        version: int,
+        prefix: str,
+        shard_bytes: int,
+        pool: ThreadPoolExecutor,
+        slots: int,
+        resume: bool = True,
     ) -> None:
-        self.store, self.version, self.prefix = store, version, prefix
+        self.store, self.version, self.prefix, self.resume = store, version, prefix, resume
         self.shard_bytes, self.pool = shard_bytes, pool
         self.shards: list[ShardEntry] = []
         self.ranges: dict[str, list[int]] = {}
@@ -79,7 +87,7 @@ class _ShardWriter:
 
         def put() -> None:
             try:
-                if not (self.store.exists(key) and self.store.size(key) == len(data)):
+                if not (self.resume and self.store.exists(key) and self.store.size(key) == len(data)):
                     self.store.put(key, data)
             finally:
                 self._slots.release()
@@ -128,6 +136,9 @@ class WeightPublisher:
         """Per tensor, the codec's MinorityIndex of the parent (advanced by every delta coded)."""
         self._resumed = False
         self._manifests: dict[int, Manifest] = {}
+        self.announced_at = 0.0
+        """Wall-clock time LATEST last moved (the version became visible to readers)."""
+        self._last_published: int | None = None
 
     def has(self, version: int) -> bool:
         return self.store.exists(manifest_key(version))
@@ -149,7 +160,9 @@ class WeightPublisher:
             raise
         data = manifest.to_bytes()
         self.store.put(manifest_key(version), data)
-        self.store.put(LATEST_KEY, latest_bytes(version, data))
+        self.store.put(LATEST_KEY, latest_bytes(version, data, latest_head(manifest)))
+        self.announced_at = time.time()
+        self._last_published = max(version, self._last_published or version)
         self._manifests[version] = manifest
         from shipyard.weights.leases import collect_garbage
 
@@ -198,15 +211,14 @@ class WeightPublisher:
         parent_version = self._parent_version if parent is not None else None
         new_parent: dict[str, Any] = {} if parent is None else parent
         with ThreadPoolExecutor(self.connections, thread_name_prefix="weights-upload") as up:
-            writers = {}
-            if parent is not None:
-                writers["delta"] = _ShardWriter(
-                    self.store, version, "delta", self.shard_bytes, up, self.connections
-                )
-            if with_snapshot:
-                writers["snapshot"] = _ShardWriter(
-                    self.store, version, "snapshot", self.shard_bytes, up, self.connections
-                )
+            # shards of a version this publisher has not written yet may exist only from an earlier
+            # process (killed mid-upload): only then is each looked up first, to skip re-sending it
+            resume = self._last_published is None or version <= self._last_published
+            writers = {
+                kind: _ShardWriter(self.store, version, kind, self.shard_bytes, up, self.connections, resume)
+                for kind, wanted in (("delta", parent is not None), ("snapshot", with_snapshot))
+                if wanted
+            }
 
             def code(name: str) -> tuple[str, str, dict[str, bytes]]:
                 t = tensors[name].detach().to("cpu", self.dtype).contiguous()

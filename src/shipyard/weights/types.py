@@ -4,8 +4,9 @@ Layout (keys in the store)::
 
     weights/<v:08d>/manifest.json           written last: the version exists once this does
     weights/<v:08d>/<encoding>-<i:05d>-<sha16>.bin   shards: coded tensors, back to back
-    weights/LATEST                          newest version number (first line), then a copy of its
-                                            manifest, so one GET tells a poller what to fetch
+    weights/LATEST                          head line: the newest version, its delta's parent and
+                                            shards; then a copy of its manifest (one GET of the
+                                            head tells a poller what to fetch; see LatestHead)
     weights/subscribers/<name>.json         a subscriber's adopted version and heartbeat
 
 A *version* is an integer training step (0 = the base model). Its manifest lists every tensor
@@ -147,18 +148,66 @@ class Manifest:
         return m
 
 
-def latest_bytes(version: int, manifest: bytes) -> bytes:
-    """The content of ``weights/LATEST``: the version on the first line, its manifest after it."""
-    return f"{version}\n".encode() + manifest
+LATEST_HEAD_BYTES = 256
+"""A poll reads this many bytes of ``weights/LATEST``: the head line, when it fits."""
+
+
+@dataclass(frozen=True)
+class LatestHead:
+    """The first line of ``weights/LATEST``: ``<version>[ <parent> <shard>:<size> ...]``.
+
+    ``parent`` and ``shards`` (name, size) name the version's delta encoding, listed only when the
+    line fits in :data:`LATEST_HEAD_BYTES`; a reader that holds ``parent`` can start fetching the
+    shards in the same round trip as the manifest (it verifies them against the manifest's
+    SHA-256 before use). A bare version number is a valid head.
+    """
+
+    version: int
+    parent: int | None = None
+    shards: tuple[tuple[str, int], ...] = ()
+
+    def line(self) -> str:
+        if self.parent is None or not self.shards:
+            return str(self.version)
+        full = " ".join([str(self.version), str(self.parent), *(f"{n}:{size}" for n, size in self.shards)])
+        return full if len(full) < LATEST_HEAD_BYTES else str(self.version)
+
+    @staticmethod
+    def parse(line: bytes) -> LatestHead:
+        words = line.decode(errors="replace").split()
+        try:
+            version = int(words[0])
+            parent = int(words[1]) if len(words) > 1 else None
+            shards = tuple((n, int(size)) for n, _, size in (w.rpartition(":") for w in words[2:]))
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"weights/LATEST starts with {line[:40]!r}, not a version head") from e
+        return LatestHead(version, parent, shards)
+
+
+def latest_head(m: Manifest) -> LatestHead:
+    """The head line of ``m`` (its delta's parent and shards, when it has a delta)."""
+    enc = m.encodings.get("delta")
+    if enc is None:
+        return LatestHead(m.version)
+    return LatestHead(m.version, enc.parent, tuple((s.name, s.size) for s in enc.shards))
+
+
+def latest_bytes(version: int, manifest: bytes, head: LatestHead | None = None) -> bytes:
+    """The content of ``weights/LATEST``: the head line (``head``, else the bare version), then
+    the manifest."""
+    line = (head or LatestHead(version)).line()
+    return f"{line}\n".encode() + manifest
+
+
+def latest_of(m: Manifest) -> bytes:
+    """``weights/LATEST`` announcing ``m``."""
+    return latest_bytes(m.version, m.to_bytes(), latest_head(m))
 
 
 def parse_latest(data: bytes) -> tuple[int, Manifest | None]:
-    """(version, manifest) from ``weights/LATEST`` (a bare version number has no manifest)."""
+    """(version, manifest) from ``weights/LATEST`` (a bare head has no manifest)."""
     head, _, rest = data.partition(b"\n")
-    try:
-        version = int(head.decode().strip())
-    except ValueError as e:
-        raise ValueError(f"weights/LATEST holds {head[:40]!r}, not a version number") from e
+    version = LatestHead.parse(head).version
     return version, Manifest.from_bytes(rest, version) if rest.strip() else None
 
 

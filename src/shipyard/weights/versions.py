@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,11 @@ from typing import Any
 from shipyard.store.transfer import DEFAULT_CHUNK, download, fetch_bytes
 from shipyard.store.types import Store
 from shipyard.weights.types import (
+    LATEST_HEAD_BYTES,
     LATEST_KEY,
     WEIGHTS_PREFIX,
     Encoding,
+    LatestHead,
     Manifest,
     ShardEntry,
     manifest_key,
@@ -45,18 +47,89 @@ from shipyard.weights.types import (
 )
 
 
+def read_head(store: Store) -> LatestHead | None:
+    """LATEST's head line (None before any version): one GET of at most ``LATEST_HEAD_BYTES``."""
+    try:
+        data = store.get_range(LATEST_KEY, 0, LATEST_HEAD_BYTES)
+    except FileNotFoundError:
+        return None
+    line, newline, _ = data.partition(b"\n")
+    if not newline and len(data) == LATEST_HEAD_BYTES:
+        raise ValueError(f"weights/LATEST: no head line in its first {LATEST_HEAD_BYTES} bytes")
+    return LatestHead.parse(line)
+
+
 def read_latest(store: Store, known: int | None = None) -> tuple[int | None, Manifest | None]:
     """LATEST's version and the copy of its manifest ((None, None) before any version). With
-    ``known``, a poll first reads only LATEST's first line and fetches the manifest copy only
-    when the version is newer than ``known`` (polls stay a few bytes however large the model)."""
+    ``known``, a poll first reads only LATEST's head line and fetches the manifest copy only
+    when the version is newer than ``known`` (polls stay small however large the model)."""
     try:
         if known is not None:
-            head = store.get_range(LATEST_KEY, 0, 24).partition(b"\n")[0]
-            if head.strip().isdigit() and int(head) <= known:
-                return int(head), None
+            head = read_head(store)
+            if head is None:
+                return None, None
+            if head.version <= known:
+                return head.version, None
         return parse_latest(store.get(LATEST_KEY))
     except FileNotFoundError:
         return None, None
+
+
+class HeadWatcher:
+    """Polls LATEST's head every ``poll_s`` with up to ``in_flight`` reads overlapping, so a long
+    round trip does not stretch the interval at which a new version is noticed (a read that takes
+    one RTT is started every ``poll_s`` all the same). :meth:`wait_newer` returns the newest head
+    seen once it is newer than a version. Costs one small GET per ``poll_s``."""
+
+    def __init__(self, store: Store, poll_s: float, in_flight: int = 8) -> None:
+        self.store, self.poll_s = store, poll_s
+        self.head: LatestHead | None = None
+        self.errors: list[str] = []
+        self._cond = threading.Condition()
+        self._slots = threading.Semaphore(in_flight)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="latest-poll")
+        self._thread = threading.Thread(target=self._tick, name="latest-watch", daemon=True)
+
+    def start(self) -> HeadWatcher:
+        self._thread.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.is_set():
+            if self._slots.acquire(blocking=False):
+                self._pool.submit(self._read)
+            self._stop.wait(self.poll_s)
+
+    def _read(self) -> None:
+        try:
+            head = read_head(self.store)
+        except (OSError, ValueError) as e:  # unreachable or mid-rewrite: the next read retries
+            self.errors = [*self.errors[-9:], str(e)]
+            head = None
+        finally:
+            self._slots.release()
+        with self._cond:
+            if head is not None and (self.head is None or head.version > self.head.version):
+                self.head = head
+                self._cond.notify_all()
+
+    def wait_newer(self, than: int | None, timeout_s: float) -> LatestHead | None:
+        """The newest head once its version exceeds ``than`` (None: any), or None after ``timeout_s``."""
+
+        def newer() -> bool:
+            return self.head is not None and (than is None or self.head.version > than)
+
+        with self._cond:
+            self._cond.wait_for(lambda: newer() or self._stop.is_set(), timeout_s)
+            return self.head if newer() else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def latest_version(store: Store) -> int | None:
@@ -192,6 +265,37 @@ class VersionReader:
         """Per tensor, the :class:`~shipyard.weights.codec.MinorityIndex` of the last state this
         reader decoded (version ``index_version``): the next delta against it skips a pass."""
         self.index_version: int | None = None
+        self._prefetched: dict[tuple[int, str], Future[bytes]] = {}
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+
+    def prefetch(self, version: int, shards: Sequence[tuple[str, int]]) -> None:
+        """Start fetching shards (name, size) of ``version`` in the background, before their
+        manifest is known; :meth:`shard` verifies them against it and refetches on a mismatch."""
+        if self._prefetch_pool is None:
+            self._prefetch_pool = ThreadPoolExecutor(self.connections, thread_name_prefix="prefetch")
+        for name, size in shards:
+            if (version, name) not in self._prefetched:
+                key = shard_key(version, name)
+                self._prefetched[(version, name)] = self._prefetch_pool.submit(
+                    fetch_bytes, self.store, key, size, self.connections, self.chunk_bytes
+                )
+
+    def drop_prefetched(self, below: int) -> None:
+        """Forget prefetched shards of versions older than ``below``."""
+        for key in [k for k in self._prefetched if k[0] < below]:
+            self._prefetched.pop(key).cancel()
+
+    def _take_prefetched(self, version: int, shard: ShardEntry) -> bytes | None:
+        fut = self._prefetched.pop((version, shard.name), None)
+        if fut is None:
+            return None
+        try:
+            data = fut.result()
+        except (OSError, ValueError):
+            return None
+        with self.stats.lock:
+            self.stats.bytes_fetched += len(data)
+        return data if len(data) == shard.size and _sha256(data) == shard.sha256 else None
 
     def shard(self, version: int, shard: ShardEntry) -> bytes:
         """The verified bytes of one shard."""
@@ -199,7 +303,9 @@ class VersionReader:
         if self.memo is not None and (version, shard.name) in self.memo:
             return self.memo[(version, shard.name)]
         t0 = time.perf_counter()
-        if self.cache_dir is not None:
+        if (data := self._take_prefetched(version, shard)) is not None:
+            fetched = 0  # counted when taken
+        elif self.cache_dir is not None:
             dest = self.cache_dir / f"{version:08d}" / shard.name
             rep = download(
                 self.store, key, dest, shard.sha256, shard.size, self.connections, self.chunk_bytes
