@@ -391,7 +391,8 @@ class MinorityIndex:
         """The virtual order for ``split_exp`` (rebuilds the index when the split exceeds its cap)."""
         if split_exp > self.cap:
             self.cap = min(split_exp + self.CAP_MARGIN, 1 << spec.exp_bits)
-            self.idx_K, self.exp_K = _scan_below(p_N, self.cap, spec)
+            idx_K, self.exp_K = _scan_below(p_N, self.cap, spec)
+            self.idx_K = idx_K.astype(np.int32) if p_N.size < 1 << 31 else idx_K  # half the bytes to move
             self.builds += 1
         below = np.flatnonzero(self.exp_K < split_exp)
         return _order_of(p_N, n_N, self.idx_K[below], self.exp_K[below], split_exp, spec, below)
@@ -414,7 +415,7 @@ class MinorityIndex:
         now_C = new_mag_C < threshold
         was_R = (old_C[k:] & mag) < threshold  # the rest: in the index only if below the cap
         in_R = np.flatnonzero(was_R)
-        pos = np.searchsorted(self.idx_K, idx_C[k:][in_R])
+        pos = np.searchsorted(self.idx_K, idx_C[k:][in_R].astype(self.idx_K.dtype))
         if k:
             pos, in_R = np.concatenate([known_K, pos]), np.concatenate([np.arange(-k, 0), in_R])
         stays = now_C[in_R + k]
@@ -426,7 +427,7 @@ class MinorityIndex:
         join = np.flatnonzero(now_C[k:] & ~was_R) + k
         if join.size:
             by_index = np.argsort(idx_C[join], kind="stable")
-            j_idx = idx_C[join][by_index]
+            j_idx = idx_C[join][by_index].astype(self.idx_K.dtype)
             j_exp = (new_mag_C[join][by_index] >> spec.mant_bits).astype(np.uint8)
             at = np.searchsorted(self.idx_K, j_idx)
             self.idx_K, self.exp_K = np.insert(self.idx_K, at, j_idx), np.insert(self.exp_K, at, j_exp)
