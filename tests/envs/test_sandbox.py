@@ -23,6 +23,7 @@ import pytest
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, agent, reap_stale, sandbox_available, sysroot
+from shipyard.envs.sandbox.bwrap import leftovers
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 
@@ -509,3 +510,18 @@ def test_etc_tree_copies_what_the_sandbox_needs_and_follows_changes(tmp_path: Pa
         assert (
             "Read-only file system" in chmod and "Read-only file system" in touch
         )  # the host's copy is safe
+
+
+def test_a_failed_cgroup_move_runs_nothing() -> None:
+    box = BwrapSandbox(None, SandboxConfig(timeout_s=10))
+    try:
+        if not box.cgroups:
+            pytest.skip("no cgroups here")
+        marker = Path(box.root, "ran")
+        os.rmdir(next(iter(box.cgroups.values())))  # the session's first move now fails
+        with pytest.raises(RuntimeError, match="moving the sandbox into its cgroups"):
+            box.exec("touch ran")
+        time.sleep(0.2)
+        assert not marker.exists() and leftovers([box.root])["processes"] == 0
+    finally:
+        box.close()

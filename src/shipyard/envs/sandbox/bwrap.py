@@ -405,9 +405,11 @@ def _release_args(
     proc: subprocess.Popen[bytes], procs_files: Sequence[str], args_w: int, options: list[str]
 ) -> None:
     """Move ``proc`` (bwrap, or the overlay wrapper that becomes it; blocked reading its options)
-    into the cgroups, then hand it ``options``. A failed move kills it: a sandbox never runs
-    outside its cgroups. On cgroup v1 the first move after an idle spell waits for an RCU grace
-    period (``cgroup.procs`` writes take a global lock that needs one), a few milliseconds."""
+    into the cgroups, then hand it ``options``. Anything short of that (a failed move, an
+    interrupt) kills it before its pipe closes: a sandbox never runs outside its cgroups, nor
+    with a truncated option list. On cgroup v1 the first move after an idle spell waits for an
+    RCU grace period (``cgroup.procs`` writes take a global lock that needs one)."""
+    written = False
     try:
         for path in procs_files:
             with open(path, "w") as f:
@@ -416,14 +418,16 @@ def _release_args(
         view = memoryview(data)
         while view:
             view = view[os.write(args_w, view) :]
+        written = True
+    except BrokenPipeError:
+        pass  # bwrap died first: its caller sees it exit and reads its stderr
     except OSError as exc:
-        _kill_group(proc)
-        if isinstance(exc, BrokenPipeError):
-            return  # bwrap died first: its caller sees it exit and reads its stderr
         raise RuntimeError(
             f"moving the sandbox into its cgroups ({list(procs_files)}) failed: {exc}"
         ) from exc
     finally:
+        if not written:  # killed while it still waits: it never reads a short option list
+            _kill_group(proc)
         os.close(args_w)
 
 
