@@ -140,7 +140,7 @@ def _load() -> tuple[int | None, str | None]:
 
 
 def agent_fd() -> int | None:
-    """The process-wide sealed memfd of the agent (built on first use), or None (see :func:`agent_problem`)."""
+    """The process-wide sealed memfd of the agent (built on first use), or None (:func:`agent_problem`)."""
     return _load()[0]
 
 

@@ -22,18 +22,18 @@ command (the options, with host paths, come through a pipe). Needs Linux and bub
 (:func:`sandbox_available` says what is missing).
 
 Session (``persistent=True``, the default): the first ``exec`` starts one long-lived bwrap whose
-process is a small command server reading length-framed commands from a pipe: the compiled
-agent of :mod:`.agent` (a freestanding C program run from a sealed memfd, 0.03 MiB resident)
-where a C compiler is available (``use_agent=True``, the default), else ``/bin/sh`` running
-:data:`_SERVER`, which speaks the same protocol; each command runs in a fresh ``/bin/sh -c`` child with stdin ``/dev/null``, its
-output streams back over two pipes and its exit status over a third. When the command's main
-process exits the server kills every other process of the sandbox (``kill -9 -1`` from inside
-the pid namespace), so a command never outlives its ``exec`` (background jobs die with it) and
-the next command starts clean; ``/tmp`` persists between commands of a session. A round trip
-costs about a millisecond instead of a bwrap start. On a wall timeout, or if the server dies
+process is a small command server reading length-framed commands from a pipe: the compiled agent of
+:mod:`.agent` (a freestanding C program run from a sealed memfd, 0.03 MiB resident) where a C
+compiler is available (``use_agent=True``, the default), else ``/bin/sh`` running :data:`_SERVER`,
+which speaks the same protocol; each command runs in a fresh ``/bin/sh -c`` child with stdin
+``/dev/null``, its output streams back over two pipes and its exit status over a third. When the
+command's main process exits the server kills every other process of the sandbox (``kill -9 -1``
+from inside the pid namespace), so a command never outlives its ``exec`` (background jobs die with
+it) and the next command starts clean; ``/tmp`` persists between commands of a session. A round
+trip costs about a millisecond instead of a bwrap start. On a wall timeout, or if the server dies
 (a command can kill it), the whole session is killed and the next ``exec`` starts a new one
-(workspace kept, ``/tmp`` lost). ``exec`` with ``stdin`` or ``pass_fds``, and every ``exec`` of
-a ``persistent=False`` sandbox, runs in a one-shot bwrap of its own sharing the workspace.
+(workspace kept, ``/tmp`` lost). ``exec`` with ``stdin`` or ``pass_fds``, and every ``exec`` of a
+``persistent=False`` sandbox, runs in a one-shot bwrap of its own sharing the workspace.
 In-sandbox code can reach the server's pipes through ``/proc`` and garble or forge its own
 session's results: harmless, since rewards never come from session commands (the grader runs in
 fresh sandboxes of its own, see :mod:`shipyard.envs.grader`).
@@ -61,22 +61,21 @@ OOM-kills inside it) and ``cpu`` cgroup (a CFS quota of ``cfg.cpus`` cores);
 :attr:`BwrapSandbox.memory_limit` and :attr:`BwrapSandbox.cpu_limit` say whether they apply
 (``"cgroup"``) or only the per-process rlimits do (``"rlimit"``).
 
-Process-count limit (``cfg.max_processes``): ``RLIMIT_NPROC`` is counted per real user and is
-never enforced for a process whose host uid is 0, and a user namespace created by root maps the
-sandbox to host uid 0, so as root the rlimit alone does nothing. The sandbox therefore uses, in
-order: a ``pids`` cgroup made for this sandbox when one can be created (cgroup v1 ``pids``
-hierarchy, or v2 where our cgroup delegates ``pids``), which also counts threads and the
-sandbox's own bwrap and server processes (3 of the budget); else ``RLIMIT_NPROC`` (effective
-when the host uid is not 0); else none. :attr:`BwrapSandbox.process_limit` says which
-(``"cgroup"``, ``"rlimit"``, ``"none"``). bwrap starts blocked reading its options from a pipe
-(``--args``); the launching thread moves it into the cgroups, then writes them
-(:func:`_release_args`), so no wrapper process is needed and Python never forks with a
-``preexec_fn`` (a plain ``vfork``/``exec`` keeps starts cheap in large processes). The move
-must come before bwrap creates the sandbox: the cgroup namespace is rooted where bwrap is then,
-which keeps the host's cgroup names out of the sandbox's ``/proc/self/cgroup``. The cgroup lives from construction to
-:meth:`~BwrapSandbox.close`; a host process killed hard leaves its empty ``shipyard-sb-PID-*``
-cgroups and temp directories behind, which :func:`reap_stale` removes (the first sandbox of
-every process runs it).
+Process-count limit (``cfg.max_processes``): ``RLIMIT_NPROC`` is counted per real user and is never
+enforced for a process whose host uid is 0, and a user namespace created by root maps the sandbox
+to host uid 0, so as root the rlimit alone does nothing. The sandbox therefore uses, in order: a
+``pids`` cgroup made for this sandbox when one can be created (cgroup v1 ``pids`` hierarchy, or v2
+where our cgroup delegates ``pids``), which also counts threads and the sandbox's own bwrap and
+server processes (3 of the budget); else ``RLIMIT_NPROC`` (effective when the host uid is not 0);
+else none. :attr:`BwrapSandbox.process_limit` says which (``"cgroup"``, ``"rlimit"``, ``"none"``).
+bwrap starts blocked reading its options from a pipe (``--args``); the launching thread moves it
+into the cgroups, then writes them (:func:`_release_args`), so no wrapper process is needed and
+Python never forks with a ``preexec_fn`` (a plain ``vfork``/``exec`` keeps starts cheap in large
+processes). The move must come before bwrap creates the sandbox: the cgroup namespace is rooted
+where bwrap is then, which keeps the host's cgroup names out of the sandbox's
+``/proc/self/cgroup``. The cgroup lives from construction to :meth:`~BwrapSandbox.close`; a host
+process killed hard leaves its empty ``shipyard-sb-PID-*`` cgroups and temp directories behind,
+which :func:`reap_stale` removes (the first sandbox of every process runs it).
 
 Host-side access (:meth:`write`, :meth:`read`, :meth:`files`) never follows symlinks and
 rejects absolute paths and ``..``, so sandboxed code cannot make the host read or write outside
