@@ -148,7 +148,10 @@ def bench_create(n: int) -> dict[str, Any]:
             samples[key].append(time.perf_counter() - start)
             sb.close()  # reaps bwrap: only now is its CPU time in RUSAGE_CHILDREN
             cpu[key] += _cpu_s() - cpu0
-    out: dict[str, Any] = {"session_server": "agent" if variants[""] else f"sh ({agent.agent_problem()})"}
+    out: dict[str, Any] = {
+        "create_measure": "cold, no pool: BwrapSandbox(files) + exec('true'); pooled: create_warm_*",
+        "session_server": "agent" if variants[""] else f"sh ({agent.agent_problem()})",
+    }
     for key, values in samples.items():
         out[f"create{key}_p50_ms"] = _ms(_pct(values, 0.5))
         out[f"create{key}_p99_ms"] = _ms(_pct(values, 0.99))
@@ -334,11 +337,12 @@ def _idle(n: int, use_agent: bool) -> dict[str, float]:
     return {k: round(statistics.median(v), 2) for k, v in figures.items() if v}
 
 
-def bench_idle(n: int = 5) -> dict[str, float]:
+def bench_idle(n: int = 5) -> dict[str, Any]:
     """``idle_mib`` is RSS summed over the session's processes (bwrap, its pid 1, the server): the
     strictest of the measures, counting shared library pages once per process."""
     ours = _idle(n, use_agent=agent.agent_fd() is not None)
-    out = {"idle_mib": ours.pop("rss"), "idle_processes": ours.pop("processes")}
+    out: dict[str, Any] = {"idle_measure": "RSS summed over bwrap, its pid 1 and the session server"}
+    out |= {"idle_mib": ours.pop("rss"), "idle_processes": ours.pop("processes")}
     out |= {f"idle_{k}_mib": v for k, v in ours.items()}
     if agent.agent_fd() is not None:
         out["idle_sh_mib"] = _idle(n, use_agent=False)["rss"]
