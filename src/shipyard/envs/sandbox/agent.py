@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from shipyard.envs.sandbox import sysroot
@@ -123,8 +124,16 @@ def _probe(fd: int) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
+_LOCK = threading.Lock()
+
+
 def _load() -> tuple[int | None, str | None]:
+    with _LOCK:  # pool threads may create their first sandboxes at once: one build, one memfd
+        return _load_once()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_once() -> tuple[int | None, str | None]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler (cc, gcc or clang) on PATH; sandboxes use the /bin/sh session server"
