@@ -17,9 +17,9 @@ writable by the sandbox's uid (mapped to ours). One memfd serves every sandbox o
 
 Build: ``cc`` with :data:`CFLAGS` (static, freestanding: no C library, so it maps a few pages;
 a static glibc build is 0.7 MiB resident, a shell's RSS is mostly shared libc pages) of
-``agent.c`` into :func:`~.sysroot.cache_dir`, named by the hash of the source, the flags and the
-compiler's version, written atomically; a cached binary not owned by us or writable by others
-is rebuilt. Limits: Linux on x86_64 or aarch64 only; needs ``cc``, ``gcc`` or ``clang`` once.
+``agent.c`` into :func:`~.sysroot.cache_dir`, named by the hash of the source, the flags and
+the compiler binary (path, size, mtime), written atomically; a cached binary not owned by us or
+writable by others is rebuilt. Limits: Linux on x86_64 or aarch64 only; needs ``cc``, ``gcc`` or ``clang`` once.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ def build(cc: str, source: Path = SOURCE, cache: Path | None = None) -> Path:
     """Compile ``source`` statically with ``cc`` into the cache (reused when present); its path.
 
     Raises RuntimeError with the compiler's message when the build fails."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(CFLAGS).encode()).hexdigest()[
-        :16
-    ]
+    real = os.path.realpath(cc)
+    st = os.stat(real)
+    compiler = f"{real} {st.st_size} {st.st_mtime_ns} {' '.join(CFLAGS)}"  # keyed without starting cc
+    digest = hashlib.sha256(source.read_bytes() + compiler.encode()).hexdigest()[:16]
     cache = cache or sysroot.cache_dir()
     target = cache / f"shipyard-agent-{digest}"
     if _trusted(target):
