@@ -442,6 +442,7 @@ def test_agent_and_shell_servers_give_the_same_results() -> None:
         assert sorted(names) == ["bwrap", "sh", "shipyard-agent"]  # pid 1, the agent, the command
         fds = fast.exec("ls /proc/self/fd").stdout.split()
         assert fds == ["0", "1", "2", "3"]  # stdio and ls's own directory: no server pipes, no memfd
+        assert fast.exec("ls /proc/self/fd", stdin="").stdout.split() == fds  # one-shot bwrap: the same
 
 
 def test_agent_binary_is_sealed_and_refuses_the_host() -> None:

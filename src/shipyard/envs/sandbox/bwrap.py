@@ -644,7 +644,7 @@ class BwrapSandbox:
         """``"cgroup"``: a CFS quota of ``cfg.cpus`` cores; ``"rlimit"``: only ``RLIMIT_CPU`` per command."""
         self._seccomp = seccomp.deny_filter() if self.cfg.seccomp else None
         self._agent = agent.agent_fd() if use_agent else None
-        """The compiled session agent's memfd (:mod:`.agent`), or None: the ``/bin/sh`` server and wrapper."""
+        """The compiled session agent's memfd (:mod:`.agent`), or None: the ``/bin/sh`` server."""
         try:
             for path, content in (files or {}).items():
                 self.write(path, content)
@@ -720,8 +720,11 @@ class BwrapSandbox:
         limits = (0, self.cfg.memory_mb * 1024, MAX_FILE_MB * 2048, self.cfg.max_processes)
         return [f"/proc/self/fd/{self._agent}", "serve", str(self._agent), str(out_w), *map(str, limits)]
 
-    def _launch(self, tail: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
-        """Start bwrap running ``tail`` (through the overlay wrapper with ``base``), in the cgroups.
+    def _launch(
+        self, tail: Sequence[str], *, agent_fd: bool = False, **popen: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start bwrap running ``tail`` (through the overlay wrapper with ``base``), in the cgroups;
+        ``agent_fd``: ``tail`` runs the session agent, whose memfd it inherits.
 
         bwrap's options travel through a pipe (``--args FD``) written only once this thread has
         moved the new process into the sandbox's cgroups, so bwrap creates the sandbox (and its
@@ -737,7 +740,7 @@ class BwrapSandbox:
         if self._base is not None:
             wrap = [_which("unshare"), "-Urm", "/bin/sh", "-c", _MOUNT_WRAP, "shipyard-mount", self._base]
             argv = wrap + self._layers + argv
-        agent_fds = (self._agent,) if self._agent is not None else ()
+        agent_fds = (self._agent,) if agent_fd and self._agent is not None else ()
         popen["pass_fds"] = (*popen.get("pass_fds", ()), *keep, *agent_fds)
         self._res.procs[:] = [p for p in self._res.procs if p.poll() is None]
         try:
@@ -768,7 +771,9 @@ class BwrapSandbox:
         st_r, st_w = os.pipe()
         try:
             tail = self._server(out_w)
-            proc = self._launch(tail, stdin=cmd_r, stdout=st_w, stderr=err_w, pass_fds=(out_w,))
+            proc = self._launch(
+                tail, agent_fd=True, stdin=cmd_r, stdout=st_w, stderr=err_w, pass_fds=(out_w,)
+            )
         except BaseException:
             for fd in (cmd_w, out_r, err_r, st_r):
                 os.close(fd)
