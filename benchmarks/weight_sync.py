@@ -425,7 +425,12 @@ def run_mode(
         start = len(got)
         pub.send(f"{mode} {v}")
         wait_events(
-            events, lambda g, v=v, start=start: count(g, "adopted", mode, v, start) == n_srv, 600, got
+            events,
+            lambda g, v=v, start=start: (
+                count(g, "adopted", mode, v, start) == n_srv and count(g, "relayed", mode, v, start) == n_reg
+            ),  # a relay logs after its (niced) decode
+            600,
+            got,
         )
         time.sleep(0.2)  # the last acknowledgements drain from the links
         link = [net.tx_bytes(i) - tx0[i] for i in range(n_reg)]

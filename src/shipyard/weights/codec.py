@@ -52,6 +52,11 @@ compressed and the smaller wins.
 Snapshots (``encode_snapshot``/``decode_snapshot``) store a whole tensor as zstd of its byte
 planes (the sign/exponent plane compresses, the mantissa plane barely does).
 
+Carried state (optional): a caller that codes version after version passes a
+:class:`MinorityIndex` per tensor (``index=``/``indexes=``), which replaces the pass that finds
+the minority by O(minority) work; it holds 5 bytes per element below the split plus one exponent
+class (measured on SmolLM2: 0.9% of the elements at lr 1e-6, 4% at 1e-5).
+
 Limits: the work is CPU numpy (tensors on other devices are copied to the host and back); one
 tensor is coded by one thread, so a model's largest tensor bounds the parallel speed-up; the
 format assumes a little-endian host; deltas must be applied in order to the exact parent.

@@ -120,7 +120,9 @@ class Manifest:
         return total
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+        """Compact JSON, keys sorted (deterministic; without ``indent`` json uses its C encoder,
+        ~10x faster on a large model's manifest, which is written on every version's critical path)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 
     @staticmethod
     def from_bytes(data: bytes, version: int | None = None) -> Manifest:
