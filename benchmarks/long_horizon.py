@@ -11,7 +11,9 @@ play the same held-out long tasks with the same seeds and the same window:
   context is dropped and restarts from the task and the kept state, without a summary),
   evaluated truncating: the same training compute, no summaries;
 - `prompt_summaries`: the untrained base policy asked for summaries by the same prompt.
-`base_truncation` (the base policy, truncating) is reported for reference.
+`base_truncation` (the base policy, truncating) is reported for reference with `--base-truncation`.
+Each condition's evaluation is written to `<workdir>/<condition>/heldout.json` as it finishes, and
+`--reuse` skips finished training runs and evaluations, so an interrupted run resumes.
 
 Success = every hidden test passed (pass@1 of one seeded sample at the eval temperature), with
 Wilson 95% intervals and paired differences over the same tasks. Writes
@@ -93,9 +95,23 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
         if not (args.reuse and (tmp / name / "store" / "weights" / "LATEST").is_file()):
             train(cfg)
         train_s = time.time() - t0
-        res[name] = {**_evaluate(cfg, args.steps), "train_s": train_s}
-    for name, mode in (("prompt_summaries", "summarize"), ("base_truncation", "truncate")):
-        res[name] = _evaluate(_cfg(args, tmp, name, mode, args.override), None)
+        res[name] = {**_evaluate_once(args, tmp / name, cfg, args.steps), "train_s": train_s}
+    base = [("prompt_summaries", "summarize")] + [("base_truncation", "truncate")] * args.base_truncation
+    for name, mode in base:
+        res[name] = _evaluate_once(args, tmp / name, _cfg(args, tmp, name, mode, args.override), None)
+    return res
+
+
+def _evaluate_once(args: argparse.Namespace, where: Path, cfg: ShipyardConfig, version: int | None) -> Any:
+    """The condition's held-out result, read back with ``--reuse`` or evaluated and saved (atomic)."""
+    saved = where / "heldout.json"
+    if args.reuse and saved.is_file():
+        return json.loads(saved.read_text())
+    res = _evaluate(cfg, version)
+    where.mkdir(parents=True, exist_ok=True)
+    part = saved.with_suffix(".json.part")
+    part.write_text(json.dumps(res))
+    part.replace(saved)
     return res
 
 
@@ -126,6 +142,7 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
     diffs = {
         other: paired_diff_ci(res[other]["passed"], ts["passed"])
         for other in ("truncation", "prompt_summaries", "base_truncation")
+        if other in res
     }
     for other, (d, lo, hi) in diffs.items():
         console.print(f"trained_summaries - {other}: {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired, 95%)")
@@ -135,7 +152,7 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
         "success_trained_summaries": ts["pass1"],
         "success_truncation": res["truncation"]["pass1"],
         "success_prompt_summaries": res["prompt_summaries"]["pass1"],
-        "success_base_truncation": res["base_truncation"]["pass1"],
+        **({"success_base_truncation": res["base_truncation"]["pass1"]} if "base_truncation" in res else {}),
         "max_session_tokens": ts.get("session_tokens_max", 0),
         **{f"ci95_{k}": r["ci95"] for k, r in res.items()},
         **{f"diff_vs_{k}": list(v) for k, v in diffs.items()},
@@ -155,6 +172,7 @@ def main() -> None:
     ap.add_argument("--n-tasks", type=int, default=None, help="held-out long tasks evaluated")
     ap.add_argument("--workdir", default=None, help="keep runs here (default: runs/long_horizon)")
     ap.add_argument("--reuse", action="store_true", help="evaluate finished runs in --workdir again")
+    ap.add_argument("--base-truncation", action="store_true", help="also evaluate the base policy truncating")
     ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/long_horizon[_quick].json")
     args = ap.parse_args()

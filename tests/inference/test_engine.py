@@ -457,3 +457,97 @@ def test_routes_travel_over_http(moe: tuple[Any, Any]) -> None:
     n = local.routes["n"]
     assert (decode_routes(second.routes)[:n] == decode_routes(local.routes)).all()  # replayed exactly
     assert second.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def test_rows_join_a_running_batch_token_exact(dense: tuple[Any, Any]) -> None:
+    """Continuous batching: short rows join a running long one (cache padded both ways), and every
+    row's tokens and logprobs equal the same request run alone; a straggler holds nobody back."""
+    model, tok = dense
+    long_prompt = [3 + (7 * i) % 500 for i in range(20)]
+    reqs = [
+        GenerateRequest(PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=30, seed=7)),
+        GenerateRequest(PROMPTS[1], _greedy(4)),
+        GenerateRequest(PROMPTS[0], SamplingParams(temperature=0.9, top_p=0.9, max_tokens=5, seed=3)),
+        GenerateRequest(long_prompt, _greedy(6)),  # longer than the running cache when it joins
+    ]
+    engine = EmbeddedEngine(model, tok, max_batch=2)
+    alone = [engine.generate([r])[0] for r in reqs]
+    lengths = [len(a.token_ids) for a in alone]
+    assert lengths[0] == 30 and max(lengths[1:]) < 10, f"precondition: one straggler, got {lengths}"
+    before = dict(engine.stats)
+    joined = engine.generate(reqs)
+    for a, j in zip(alone, joined, strict=True):
+        assert j.token_ids == a.token_ids and j.finish_reason == a.finish_reason
+        assert max(abs(x - y) for x, y in zip(j.logprobs, a.logprobs, strict=True)) < 1e-4
+    steps = engine.stats["decode_steps"] - before["decode_steps"]
+    static_steps = max(lengths[0:2]) - 1 + max(lengths[2:4]) - 1  # chunks of 2 that wait for their slowest
+    assert engine.stats["joins"] - before["joins"] >= 2
+    assert steps == lengths[0] - 1 < static_steps  # the short rows ran inside the straggler's steps
+
+
+def test_deterministic_mode_admits_one_request_at_a_time(dense: tuple[Any, Any]) -> None:
+    model, tok = dense
+    engine = EmbeddedEngine(model, tok, max_batch=8, deterministic=True)
+    engine.generate([GenerateRequest(p, _greedy(3)) for p in PROMPTS])
+    assert engine.stats["largest_batch"] == 1 and engine.stats["joins"] == 0
+    assert engine.stats["batches"] == len(PROMPTS)
+
+
+def test_prefix_cache_reuses_a_turn_and_matches_a_cold_prefill(dense: tuple[Any, Any]) -> None:
+    """An agent's next turn extends the last one: with the prefix cache only the new tokens are
+    forwarded, and tokens and logprobs equal a cold prefill; new weights clear the cache."""
+    model, tok = dense
+    cold = EmbeddedEngine(model, tok, max_batch=4)
+    warm = EmbeddedEngine(model, tok, max_batch=4, prefix_cache_mb=64)
+    turn1 = [
+        GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=8, seed=i))
+        for i, p in enumerate(PROMPTS)
+    ]
+    first = warm.generate(turn1)
+    assert [r.token_ids for r in first] == [r.token_ids for r in cold.generate(turn1)]
+    assert warm.stats["prefix_hits"] == 0 and warm.prefix is not None and len(warm.prefix) == len(PROMPTS)
+    turn2 = [
+        GenerateRequest(
+            req.prompt_ids + res.token_ids + [17, 18, 19],
+            SamplingParams(temperature=1.0, max_tokens=8, seed=9),
+        )
+        for req, res in zip(turn1, first, strict=True)
+    ]
+    reused, fresh = warm.generate(turn2), cold.generate(turn2)
+    for r, f in zip(reused, fresh, strict=True):
+        assert r.token_ids == f.token_ids
+        assert max(abs(a - b) for a, b in zip(r.logprobs, f.logprobs, strict=True)) < 1e-4
+    assert warm.stats["prefix_hits"] == len(PROMPTS)
+    assert warm.stats["prefix_tokens"] == sum(
+        len(q.prompt_ids) + len(s.token_ids) - 1 for q, s in zip(turn1, first, strict=True)
+    )
+    assert len(warm.prefix) == len(PROMPTS)  # each session's newer turn superseded its older one
+    warm.stage_weights(1, {n: p.detach().clone() for n, p in model.named_parameters()})
+    warm.apply_pending()
+    assert len(warm.prefix) == 0
+    warm.generate(turn2[:1])
+    assert warm.stats["prefix_hits"] == len(PROMPTS)  # nothing reused across a weight update
+
+
+def test_prefix_cache_lru_budget_and_longest_match() -> None:
+    from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
+
+    def entry(tokens: list[int]) -> PrefixEntry:
+        kv = [torch.zeros(2, len(tokens), 4)]  # 32 bytes per token
+        return PrefixEntry(tokens, kv, [t.clone() for t in kv])
+
+    cache = PrefixCache(budget_bytes=64 * 10)
+    cache.put(entry([1, 2]))
+    cache.put(entry([1, 2, 3, 4]))  # supersedes [1, 2]
+    cache.put(entry([7, 8, 9]))
+    assert len(cache) == 2 and cache.nbytes == 64 * 7
+    hit = cache.lookup([1, 2, 3, 4, 5])
+    assert hit is not None and hit.tokens == [1, 2, 3, 4]
+    assert cache.lookup([1, 2, 3, 4]) is None  # a proper prefix only: one token must stay to prefill
+    assert cache.lookup([7, 8]) is None
+    cache.put(entry([5, 5, 5, 5]))  # over budget: evicts the least recently used ([7, 8, 9])
+    assert cache.lookup([7, 8, 9, 1]) is None and cache.lookup([1, 2, 3, 4, 0]) is not None
+    cache.put(entry(list(range(11))))  # larger than the whole budget: not stored
+    assert cache.nbytes <= cache.budget_bytes and cache.lookup(list(range(12))) is None
+    with pytest.raises(ValueError, match="budget_bytes"):
+        PrefixCache(0)

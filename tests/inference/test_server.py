@@ -72,6 +72,8 @@ def test_health_and_version(
     engine, server = served
     assert client.wait_ready(10) == engine.version == client.version()
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "version": engine.version}
+    stats = httpx.get(f"{server.url}/stats").json()
+    assert stats["sequences"] == engine.stats["sequences"] and stats["prefix_cache_entries"] == 0
 
 
 def test_generate_round_trip_is_token_exact(
@@ -196,3 +198,38 @@ def test_local_client_batches_threads(model_tok: tuple[Any, Any]) -> None:
     assert [len(r[0].token_ids) for r in results] == [4] * 5
     assert engine.stats["sequences"] == 5 and engine.stats["batches"] < 5
     assert set(threading.enumerate()) <= threads_before, "close() left the scheduler thread running"
+
+
+def test_request_arriving_mid_generation_joins_and_returns_first(model_tok: tuple[Any, Any]) -> None:
+    """Continuous batching through the scheduler: a short call made while a long one decodes is
+    admitted at the next step and answered while the long one is still running."""
+    engine = EmbeddedEngine(*model_tok, max_batch=4)
+    with LocalInferenceClient(engine, gather_window_s=0.0) as client:
+        long_fut = client._scheduler.submit([_req([11, 12, 13], 400, seed=1, temperature=1.0)])
+        deadline = time.monotonic() + 60
+        while engine.stats["decode_steps"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        [short] = client.generate([_req([5, 6], 3, seed=2)])
+        long_running = not long_fut.done()
+        [long] = long_fut.result(timeout=120)
+    assert len(short.token_ids) == 3 and engine.stats["joins"] == 1
+    assert long_running and len(long.token_ids) == 400
+
+
+def test_engine_failure_fails_inflight_callers_and_server_goes_on(model_tok: tuple[Any, Any]) -> None:
+    engine = EmbeddedEngine(*model_tok, max_batch=4)
+    real_decode = engine._decode_step
+    calls = {"n": 0}
+
+    def failing_once(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected decode failure")
+        return real_decode(*args)
+
+    engine._decode_step = failing_once  # type: ignore[method-assign]
+    with LocalInferenceClient(engine) as client:
+        with pytest.raises(RuntimeError, match="injected decode failure"):
+            client.generate([_req([1, 2, 3], 8, seed=0), _req([4, 5], 8, seed=1)])
+        [after] = client.generate([_req([1, 2, 3], 4, seed=0)])
+    assert len(after.token_ids) == 4

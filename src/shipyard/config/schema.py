@@ -78,6 +78,10 @@ class InferenceConfig(_Section):
     dense or an fp32 engine. Apply it to both arms when comparing router replay."""
     poll_s: float = Field(0.5, gt=0)
     """How often the weight subscriber polls the store for a new version."""
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """Memory for the prefix KV cache (0 turns it off): a finished request's keys/values are kept, and
+    a request that extends it (an agent's next turn) prefills only its new tokens. Cleared when new
+    weights go live; not used in deterministic mode or for MoE models recording routes."""
 
 
 class SummaryConfig(_Section):

@@ -45,7 +45,9 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     torch.set_num_threads(cfg.inference.threads)
     model, tok = load_model(cfg.model)
     apply_inference_precision(model, cfg.inference.fp32_lm_head, cfg.inference.fp32_router)
-    engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch)
+    engine = EmbeddedEngine(
+        model, tok, max_batch=cfg.inference.max_batch, prefix_cache_mb=cfg.inference.prefix_cache_mb
+    )
     if cfg.eval.version is not None:
         engine.stage_weights(cfg.eval.version, load_version(open_store(cfg.store), cfg.eval.version))
         engine.apply_pending()

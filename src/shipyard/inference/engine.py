@@ -1,10 +1,14 @@
 """Embedded inference engine: batched KV-cache sampling with in-flight weight updates.
 
 Contract:
-- :meth:`EmbeddedEngine.generate` samples a continuation for every :class:`GenerateRequest`, in
-  chunks of at most ``max_batch`` sequences: one left-padded prefill (attention mask, position ids
-  counted from each row's first real token), then one decode step per token on a transformers
-  ``DynamicCache``. Each row has its own temperature, top-p, max_tokens, stop strings and
+- Continuous batching: :meth:`EmbeddedEngine.serve` keeps one running batch of at most
+  ``max_batch`` rows and, at every decode-step boundary, admits waiting requests into the free
+  slots: they get one left-padded prefill of their own (attention mask, position ids counted from
+  each row's first real token), and their KV cache is left-padded to the running cache's length
+  (or the running cache to theirs) and joined to it, so a straggler never holds back the requests
+  behind it. Each step decodes one token for every running row on a transformers
+  ``DynamicCache``. :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP server's
+  scheduler feeds ``serve`` from its queue. Each row has its own temperature, top-p, max_tokens, stop strings and
   ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a seeded
   request draws the same random numbers whatever else shares its batch.
 - Temperature 0 is greedy (argmax). The logprob reported for a sampled token is
@@ -17,6 +21,11 @@ Contract:
   ``"length"``. Finished rows leave the batch and the KV cache at once (``DynamicCache`` already
   copies the cache on every step, so a compaction costs about one step's cache update), and
   leading padding columns no remaining row needs are cut from the cache.
+- Prefix cache (``prefix_cache_mb > 0``; off in deterministic mode and for MoE models that
+  record routes): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
+  and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
+  new tokens. The cache is cleared when new weights go live, and a row that ran across an update
+  is not kept, so reused keys/values always come from the weights now serving.
 - Weights: :meth:`stage_weights` may be called from any thread; the update is applied in place
   (``copy_`` into the live parameters) at the next decode-step boundary of a running generate, or
   by :meth:`apply_pending` / the next generate when idle. Every token records the version live
@@ -31,14 +40,17 @@ Contract:
   earlier turn's routes of a prefix of its prompt) are replayed in the prefill, so across turns a
   token keeps the experts of its first forward, as with a reused KV cache; its result's routes
   start with them.
-- Deterministic mode (``deterministic=True``): every request runs as a batch of its own (no
-  padding, fixed per-row shapes), so a sequence's logits, tokens and routes are bit-identical
+- Deterministic mode (``deterministic=True``): every request runs as a batch of its own (admitted
+  only when nothing else runs; no padding, fixed per-row shapes), so a sequence's logits, tokens and routes are bit-identical
   whatever else was submitted with it; it costs the batching speedup (measured in
   ``benchmarks/mismatch.py``).
 
-Limits: one generate runs at a time (calls from several threads are serialised); requests are
-chunked in arrival order, so a straggler in one chunk delays the next chunk (no continuous
-batching); stop strings are searched in the decoded text of the last ``2 * longest_stop + 8``
+Limits: one ``serve``/``generate`` runs at a time (calls from several threads are serialised; the
+server's scheduler is the one caller that batches threads); requests are admitted in arrival order
+(no priorities, no preemption, no prefix sharing); a joined row pads the shorter cache to the
+longer one, so a long prompt admitted next to short rows costs them attention over its padding
+until it finishes; a model with caches other than plain ``DynamicLayer`` (sliding windows) admits
+only into an empty batch (static batching); stop strings are searched in the decoded text of the last ``2 * longest_stop + 8``
 generated tokens each step; CPU or single-device models only.
 
 Shape legend: B = rows in the running batch, T = key/value length (padded prompt + generated),
@@ -55,25 +67,34 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import encode_routes
+
+Job = tuple[GenerateRequest, "Callable[[GenerateResult], None]"]
+"""A request to admit and the callback that receives its result."""
 
 
 @dataclass
 class _Row:
     """Decode state of one sequence of the running batch."""
 
-    index: int
+    request: GenerateRequest
+    done: Callable[[GenerateResult], None]
+    """Called with the row's result the step it finishes."""
     prompt_len: int
     params: SamplingParams
     generator: torch.Generator
@@ -82,6 +103,8 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+    epoch: int = 0
+    """The engine's weights epoch when the row was admitted (its KV cache is reusable only in that epoch)."""
     routes: list[torch.Tensor] = field(default_factory=list)
     """Pieces ``[n, L, K]`` (int16) of the experts used by each forwarded position, in order."""
 
@@ -145,6 +168,15 @@ def _invert_cdf(weights_SK: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf_SK, target_S[:, None], right=True).squeeze(1)
 
 
+def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``x`` with zeros prepended along ``dim`` up to ``width``."""
+    missing = width - x.shape[dim]
+    if missing == 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [missing, 0]
+    return F.pad(x, pad)
+
+
 class _Batch:
     """A running chunk: rows, KV cache, attention mask and positions, kept in step by compaction."""
 
@@ -169,11 +201,27 @@ class _Batch:
         self.temps_B = self.temps_B.index_select(0, idx)
         self.top_p_B = self.top_p_B.index_select(0, idx)
         lead = int(self.attn_BT.cumsum(dim=1).eq(0).sum(dim=1).min())
-        if lead > 0 and all(type(layer) is DynamicLayer for layer in self.cache.layers):
+        if lead > 0 and self.joinable():
             for layer in self.cache.layers:
                 layer.keys = layer.keys[:, :, lead:]
                 layer.values = layer.values[:, :, lead:]
             self.attn_BT = self.attn_BT[:, lead:]
+
+    def join(self, other: _Batch) -> None:
+        """Append ``other``'s rows; the shorter cache (and mask) is left-padded to the longer one."""
+        width = max(self.attn_BT.shape[1], other.attn_BT.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
+            mine.values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
+        self.attn_BT = torch.cat([_left_pad(self.attn_BT, width, 1), _left_pad(other.attn_BT, width, 1)])
+        self.rows = self.rows + other.rows
+        self.pos_B = torch.cat([self.pos_B, other.pos_B])
+        self.temps_B = torch.cat([self.temps_B, other.temps_B])
+        self.top_p_B = torch.cat([self.top_p_B, other.top_p_B])
+
+    def joinable(self) -> bool:
+        """Whether rows can join: every cache layer is a plain (full-attention) ``DynamicLayer``."""
+        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
 
     def mask(self) -> torch.Tensor | None:
         """The attention mask, or None when no row has padding (lets SDPA take its causal path)."""
@@ -192,6 +240,7 @@ class EmbeddedEngine:
         *,
         record_routes: bool | None = None,
         deterministic: bool = False,
+        prefix_cache_mb: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
@@ -200,6 +249,12 @@ class EmbeddedEngine:
         self.max_batch = max_batch
         self.deterministic = deterministic
         self.seam = self._route_seam(model, record_routes)
+        self.prefix = (
+            PrefixCache(prefix_cache_mb << 20)
+            if prefix_cache_mb > 0 and not deterministic and self.seam is None
+            else None
+        )
+        self._epoch = 0
         self.version = version
         self.pauses: list[float] = []
         self.stats: dict[str, int] = {
@@ -209,7 +264,12 @@ class EmbeddedEngine:
             "decode_steps": 0,
             "largest_batch": 0,
             "compactions": 0,
+            "joins": 0,
+            "prefix_hits": 0,
+            "prefix_tokens": 0,
         }
+        """``batches``: prefills (admissions); ``joins``: admissions into a running batch;
+        ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served from the prefix cache."""
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids(model, tokenizer)
@@ -293,6 +353,9 @@ class EmbeddedEngine:
                         target_P.data.copy_(tensor_P)
                         written.add(target_P.data_ptr())
             self.version = version
+            self._epoch += 1
+            if self.prefix is not None:
+                self.prefix.clear()
             self.pauses.append(time.perf_counter() - t0)
             return True
         finally:
@@ -342,56 +405,127 @@ class EmbeddedEngine:
             )
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """Sample every request (chunks of ``max_batch``); results are in request order."""
+        """Sample every request (continuous batching over ``max_batch`` slots); results in request order."""
         self.validate(requests)
-        results: list[GenerateResult] = []
-        chunk = 1 if self.deterministic else self.max_batch
+        results: list[GenerateResult | None] = [None] * len(requests)
+        waiting = deque(enumerate(requests))
+
+        def take(free: int, idle: bool) -> list[Job] | None:
+            if not waiting:
+                return None
+            jobs: list[Job] = []
+            while waiting and len(jobs) < free:
+                i, req = waiting.popleft()
+                jobs.append((req, partial(results.__setitem__, i)))
+            return jobs
+
+        self.serve(take)
+        return [r for r in results if r is not None]
+
+    def serve(self, take: Callable[[int, bool], list[Job] | None]) -> None:
+        """Run the continuous-batching loop until ``take`` returns None and every running row is done.
+
+        At every step boundary with a free slot, ``take(free, idle)`` is called with the number of
+        free slots and whether no row is running; it returns up to ``free`` validated requests, each
+        with the callback that receives its result, ``[]`` for none now, or None to stop admitting
+        (rows already running still finish). A caller with nothing to give while ``idle`` should
+        block inside ``take`` for a while rather than return ``[]`` at once.
+        """
         with self._lock, torch.inference_mode():
-            for start in range(0, len(requests), chunk):
-                rows = [self._new_row(start + i, r) for i, r in enumerate(requests[start : start + chunk])]
-                self._run_chunk(rows, requests)
-                for r in rows:
-                    assert r.finish is not None, "a chunk returns only when every row has finished"
-                    results.append(
-                        GenerateResult(r.token_ids, r.logprobs, r.versions, r.finish, self._routes(r))
-                    )
-        return results
+            batch: _Batch | None = None
+            logits_BV = torch.empty(0)
+            admitting = True
+            while admitting or batch is not None:
+                free = self._free_slots(batch)
+                jobs = take(free, batch is None) if admitting and free else []
+                if jobs is None:
+                    admitting = False
+                elif jobs:
+                    batch, logits_BV = self._admit(batch, logits_BV, jobs)
+                if batch is not None:
+                    batch, logits_BV = self._step(batch, logits_BV)
+
+    def _free_slots(self, batch: _Batch | None) -> int:
+        if batch is None:
+            return 1 if self.deterministic else self.max_batch
+        if self.deterministic or not batch.joinable():
+            return 0
+        return self.max_batch - len(batch.rows)
+
+    def _admit(
+        self, batch: _Batch | None, logits_BV: torch.Tensor, jobs: list[Job]
+    ) -> tuple[_Batch, torch.Tensor]:
+        """Prefill ``jobs`` as new rows and join them to the running batch (or start one)."""
+        assert 0 < len(jobs) <= self._free_slots(batch), "take returned more requests than free slots"
+        if batch is None:
+            self.apply_pending()
+        rows = [self._new_row(req, done) for req, done in jobs]
+        hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
+        cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
+        parts = [self._prefill(cold)] if cold else []
+        parts += [
+            self._prefill_from(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None
+        ]
+        joined, new_logits_BV = parts[0]
+        for part, part_logits_BV in parts[1:]:
+            joined.join(part)
+            new_logits_BV = torch.cat([new_logits_BV, part_logits_BV])
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(rows)
+        if batch is not None:
+            batch.join(joined)
+            joined, new_logits_BV = batch, torch.cat([logits_BV, new_logits_BV])
+            self.stats["joins"] += 1
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(joined.rows))
+        return joined, new_logits_BV
+
+    def _step(self, batch: _Batch, logits_BV: torch.Tensor) -> tuple[_Batch | None, torch.Tensor]:
+        """Sample a token per row, hand finished rows their results, decode the others one step."""
+        gens = [r.generator for r in batch.rows]
+        tokens_B, logprobs_B = sample_tokens(logits_BV, batch.temps_B, batch.top_p_B, gens)
+        keep = self._record(batch.rows, tokens_B.tolist(), logprobs_B.tolist(), self.version)
+        for b, row in enumerate(batch.rows):
+            if row.finish is not None:
+                self._store_prefix(batch, b, row)
+                row.done(
+                    GenerateResult(row.token_ids, row.logprobs, row.versions, row.finish, self._routes(row))
+                )
+        if not keep:
+            return None, logits_BV
+        if len(keep) < len(batch.rows):
+            batch.keep(keep)
+            tokens_B = tokens_B.index_select(0, torch.tensor(keep, dtype=torch.long))
+            self.stats["compactions"] += 1
+        self.apply_pending()
+        return batch, self._decode_step(batch, tokens_B)
 
     def _routes(self, row: _Row) -> dict[str, Any] | None:
         if self.seam is None:
             return None
         return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
-    def _new_row(self, index: int, req: GenerateRequest) -> _Row:
+    def _store_prefix(self, batch: _Batch, b: int, row: _Row) -> None:
+        """Keep a finished row's keys/values (prompt and sampled tokens but the last) for reuse."""
+        if self.prefix is None or row.epoch != self._epoch:
+            return
+        cols_N = batch.attn_BT[b].nonzero().flatten()
+        tokens = row.request.prompt_ids + row.token_ids[:-1]
+        assert len(cols_N) == len(tokens), "a row's unmasked cache columns are its forwarded tokens"
+        keys = [layer.keys[b][:, cols_N] for layer in batch.cache.layers]
+        values = [layer.values[b][:, cols_N] for layer in batch.cache.layers]
+        self.prefix.put(PrefixEntry(tokens, keys, values))
+
+    def _new_row(self, req: GenerateRequest, done: Callable[[GenerateResult], None]) -> _Row:
         gen = torch.Generator()
         seed = req.params.seed if req.params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         gen.manual_seed(seed)
         longest = max((len(s) for s in req.params.stop), default=0)
-        return _Row(index, len(req.prompt_ids), req.params, gen, stop_window=2 * longest + 8)
+        return _Row(req, done, len(req.prompt_ids), req.params, gen, 2 * longest + 8, epoch=self._epoch)
 
     # ---------------------------------------------------------------------------------- decoding
 
-    def _run_chunk(self, rows: list[_Row], requests: list[GenerateRequest]) -> None:
-        self.apply_pending()
-        batch, logits_BV = self._prefill(rows, [requests[r.index] for r in rows])
-        self.stats["batches"] += 1
-        self.stats["sequences"] += len(rows)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
-        while True:
-            version = self.version
-            gens = [r.generator for r in batch.rows]
-            tokens_B, logprobs_B = sample_tokens(logits_BV, batch.temps_B, batch.top_p_B, gens)
-            keep = self._record(batch.rows, tokens_B.tolist(), logprobs_B.tolist(), version)
-            if not keep:
-                return
-            if len(keep) < len(batch.rows):
-                batch.keep(keep)
-                tokens_B = tokens_B.index_select(0, torch.tensor(keep, dtype=torch.long))
-                self.stats["compactions"] += 1
-            self.apply_pending()
-            logits_BV = self._decode_step(batch, tokens_B)
-
-    def _prefill(self, rows: list[_Row], requests: list[GenerateRequest]) -> tuple[_Batch, torch.Tensor]:
+    def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
+        requests = [row.request for row in rows]
         prompts = [req.prompt_ids for req in requests]
         width = max(len(p) for p in prompts)
         ids_BT = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -416,6 +550,25 @@ class EmbeddedEngine:
             for b, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
                 row.routes.append(used_BTLK[b, width - len(prompt) :])
         batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
+        return batch, out.logits[:, -1, :].float().cpu()
+
+    def _prefill_from(self, row: _Row, hit: PrefixEntry) -> tuple[_Batch, torch.Tensor]:
+        """Prefill one row whose prompt extends a cached prefix: only the new tokens are forwarded."""
+        prompt, n = row.request.prompt_ids, len(hit.tokens)
+        cache = DynamicCache(config=self.model.config)
+        for i, (keys_HND, values_HND) in enumerate(zip(hit.keys_HND, hit.values_HND, strict=True)):
+            cache.update(keys_HND[None], values_HND[None], i)
+        out = self.model(
+            input_ids=torch.tensor([prompt[n:]], dtype=torch.long, device=self.device),
+            position_ids=torch.arange(n, len(prompt), device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.stats["prefix_hits"] += 1
+        self.stats["prefix_tokens"] += n
+        attn_BT = torch.ones((1, len(prompt)), dtype=torch.long)
+        batch = _Batch([row], cache, attn_BT, torch.tensor([len(prompt) - 1]))
         return batch, out.logits[:, -1, :].float().cpu()
 
     def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:

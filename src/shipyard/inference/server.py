@@ -1,17 +1,22 @@
 """HTTP serving of an :class:`EmbeddedEngine`: a batching scheduler, FastAPI routes, uvicorn thread.
 
 Contract:
-- :class:`BatchScheduler` queues requests from any number of threads; one worker thread takes
-  everything queued (after waiting ``gather_window_s`` for more to arrive, stopping early once
-  ``max_batch`` sequences are waiting) up to ``engine.max_batch`` sequences, runs
-  ``engine.generate`` once, and resolves each caller's future. N concurrent single-sequence
-  calls therefore become one batch. While idle it calls ``engine.apply_pending()`` every
-  ``idle_poll_s`` so staged weights go live without traffic.
+- :class:`BatchScheduler` queues requests from any number of threads and feeds them to one
+  worker thread running :meth:`EmbeddedEngine.serve` (continuous batching): at every decode step
+  the engine's free slots are filled from the queue in arrival order, and a caller's future is
+  resolved once all its requests have finished, while the others keep decoding. N concurrent
+  single-sequence calls therefore share one batch, and a request arriving mid-generation joins it
+  at the next step instead of waiting for the slowest row. When the engine is idle, the first
+  arrival waits ``gather_window_s`` for others (stopping early once ``max_batch`` sequences are
+  waiting) so they share one prefill. While idle it calls ``engine.apply_pending()`` every
+  ``idle_poll_s`` so staged weights go live without traffic. A failure inside the engine fails
+  every caller with a request in flight; the worker then goes on serving the queue.
 - :func:`create_app` routes: ``POST /generate`` (token-in/token-out, body
   ``{"requests": [GenerateRequest.to_json(), ...]}`` -> ``{"results": [GenerateResult.to_json(), ...]}``),
   ``POST /v1/chat/completions`` (OpenAI-compatible subset, see :class:`ChatCompletionBody`; each
   choice carries an extension ``shipyard: {token_ids, logprobs, versions}``), ``GET /v1/models``,
-  ``GET /health`` -> ``{"status": "ok", "version": v}``, ``GET /version`` -> ``{"version": v}``.
+  ``GET /health`` -> ``{"status": "ok", "version": v}``, ``GET /version`` -> ``{"version": v}``,
+  ``GET /stats`` -> the engine's counters (sequences, decode steps, joins, prefix-cache hits, ...).
   Malformed requests get HTTP 400 with the reason; a failed batch gets 500.
 - :class:`InferenceServer` runs uvicorn in a background thread on a socket it binds itself (port
   0 picks a free port, known as soon as ``start()`` returns); ``stop()`` shuts uvicorn and the
@@ -36,16 +41,32 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine import EmbeddedEngine, Job
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 
-_Item = tuple[list[GenerateRequest], "Future[list[GenerateResult]]"]
+
+class _Item:
+    """One ``submit`` call: its requests, how many were admitted, and the results so far."""
+
+    def __init__(self, requests: list[GenerateRequest], fut: Future[list[GenerateResult]]) -> None:
+        self.requests = requests
+        self.fut = fut
+        self.admitted = 0
+        self.results: list[GenerateResult | None] = [None] * len(requests)
+        self.left = len(requests)
+
+    def resolve(self, i: int, result: GenerateResult) -> None:
+        self.results[i] = result
+        self.left -= 1
+        if self.left == 0 and not self.fut.done():
+            self.fut.set_result([r for r in self.results if r is not None])
 
 
 class SchedulerClosed(RuntimeError):
@@ -69,6 +90,8 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._inflight: list[_Item] = []
+        """Items with a request admitted into the engine and a future not yet resolved (worker thread only)."""
 
     def start(self) -> BatchScheduler:
         """Start the worker thread (idempotent)."""
@@ -91,16 +114,16 @@ class BatchScheduler:
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the scheduler is closed")
-            self._queue.append((requests, fut))
+            self._queue.append(_Item(requests, fut))
             self._cond.notify_all()
         return fut
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """Blocking ``submit``: the results of ``requests`` once their batch has run."""
+        """Blocking ``submit``: the results of ``requests`` once they have all finished."""
         return self.submit(requests).result()
 
     def close(self, timeout_s: float = 600.0) -> None:
-        """Stop the worker after the batch it is running; queued requests fail with SchedulerClosed."""
+        """Stop admitting; the worker finishes the rows it runs; queued requests fail with SchedulerClosed."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -109,9 +132,9 @@ class BatchScheduler:
             thread.join(timeout_s)
         with self._cond:
             leftover, self._queue = list(self._queue), deque()
-        for _reqs, fut in leftover:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(SchedulerClosed("inference server shut down before the request ran"))
+        for item in leftover:  # never admitted, or admitted in part when the admissions stopped
+            if item.admitted > 0 or item.fut.set_running_or_notify_cancel():
+                item.fut.set_exception(SchedulerClosed("inference server shut down before the request ran"))
 
     def _run(self) -> None:
         while True:
@@ -120,18 +143,30 @@ class BatchScheduler:
                     self._cond.wait(self.idle_poll_s)
                 if self._closed:
                     return
-                if self._queue:
-                    self._gather()
-                    items = self._take()
-                else:
-                    items = []
-            if items:
-                self._execute(items)
-            else:
+                busy = bool(self._queue)
+            if not busy:
                 self.engine.apply_pending()
+                continue
+            try:  # serve returns (releasing the engine) once idle with an empty queue
+                self.engine.serve(self._take)
+            except Exception as e:  # the failure belongs to the callers with requests in flight
+                for item in self._inflight:
+                    if not item.fut.done():
+                        item.fut.set_exception(e)
+                with self._cond:  # a partly admitted item lost its running rows: it failed as a whole
+                    self._queue = deque(item for item in self._queue if item not in self._inflight)
+
+    def _take(self, free: int, idle: bool) -> list[Job] | None:
+        """The engine's admission hook: up to ``free`` queued requests; None when closed or idle and empty."""
+        with self._cond:
+            if self._closed or (idle and not self._queue):
+                return None
+            if idle:
+                self._gather()
+            return self._pop(free)
 
     def _waiting(self) -> int:
-        return sum(len(reqs) for reqs, _ in self._queue)
+        return sum(len(item.requests) - item.admitted for item in self._queue)
 
     def _gather(self) -> None:
         """Wait (holding the condition) up to the gather window for more requests to arrive."""
@@ -142,32 +177,23 @@ class BatchScheduler:
                 return
             self._cond.wait(left)
 
-    def _take(self) -> list[_Item]:
-        """Pop queued items in order while they fit in one batch (always at least one)."""
-        items: list[_Item] = []
-        total = 0
-        while self._queue:
-            reqs, fut = self._queue[0]
-            if items and total + len(reqs) > self.engine.max_batch:
-                break
-            self._queue.popleft()
-            if fut.set_running_or_notify_cancel():
-                items.append((reqs, fut))
-                total += len(reqs)
-        return items
-
-    def _execute(self, items: list[_Item]) -> None:
-        flat = [r for reqs, _ in items for r in reqs]
-        try:
-            results = self.engine.generate(flat)
-        except Exception as e:  # the failure belongs to the callers of this batch
-            for _, fut in items:
-                fut.set_exception(e)
-            return
-        start = 0
-        for reqs, fut in items:
-            fut.set_result(results[start : start + len(reqs)])
-            start += len(reqs)
+    def _pop(self, free: int) -> list[Job]:
+        """Up to ``free`` queued requests in arrival order; an item may be admitted over several steps."""
+        jobs: list[Job] = []
+        self._inflight = [item for item in self._inflight if not item.fut.done()]
+        while self._queue and len(jobs) < free:
+            item = self._queue[0]
+            if item.admitted == 0:
+                if not item.fut.set_running_or_notify_cancel():
+                    self._queue.popleft()  # cancelled by its caller before it ran
+                    continue
+                self._inflight.append(item)
+            while item.admitted < len(item.requests) and len(jobs) < free:
+                jobs.append((item.requests[item.admitted], partial(item.resolve, item.admitted)))
+                item.admitted += 1
+            if item.admitted == len(item.requests):
+                self._queue.popleft()
+        return jobs
 
 
 class GenerateBody(BaseModel):
@@ -312,6 +338,16 @@ def create_app(
     @app.get("/version")
     async def version() -> dict[str, int]:
         return {"version": engine.version}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        cache = engine.prefix
+        return {
+            **engine.stats,
+            "version": engine.version,
+            "prefix_cache_entries": 0 if cache is None else len(cache),
+            "prefix_cache_bytes": 0 if cache is None else cache.nbytes,
+        }
 
     return app
 

@@ -152,6 +152,7 @@ class InferenceNode:
             max_batch=cfg.inference.max_batch,
             version=0,
             deterministic=cfg.inference.deterministic,
+            prefix_cache_mb=cfg.inference.prefix_cache_mb,
         )
         self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
         self.server.start()
