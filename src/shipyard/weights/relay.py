@@ -341,14 +341,22 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
     )
     console.print(f"relay {cfg.relay.region}: {cfg.store.root} -> {cfg.relay.mirror.root} (Ctrl-C stops)")
     t_end = None if max_s is None else time.monotonic() + max_s
+    watcher = HeadWatcher(relay.origin, cfg.relay.poll_s).start()  # overlapping polls of the head
+    head: LatestHead | None = None
     try:
-        while t_end is None or time.monotonic() < t_end:
+        while True:  # one sync at least, however short ``max_s``
             try:
-                for v in relay.sync_once():
+                for v in relay.sync_once(head):
                     console.print(f"version {v} mirrored ({relay.stats.origin_bytes} origin bytes so far)")
             except (OSError, ValueError, LookupError) as e:
                 console.print(f"[yellow]sync failed, retrying: {e}")
-            time.sleep(cfg.relay.poll_s)
+                time.sleep(cfg.relay.poll_s)
+            if t_end is not None and time.monotonic() >= t_end:
+                break
+            wait_s = 1.0 if t_end is None else min(1.0, t_end - time.monotonic())
+            head = watcher.wait_newer(relay.version, timeout_s=wait_s)
     except KeyboardInterrupt:
         pass
+    finally:
+        watcher.stop()
     return relay
