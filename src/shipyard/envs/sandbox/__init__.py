@@ -2,7 +2,9 @@
 
 Contract: :class:`~shipyard.envs.sandbox.base.Sandbox` is the interface (create, exec with
 stdin/env/timeout, read, write, files, diff against the base, fork, close). Backends, one file
-each: :mod:`.bwrap` (bubblewrap, hardened; the embedded default), :mod:`.microvm` (Firecracker,
+each: :mod:`.bwrap` (bubblewrap, hardened; the embedded default, with its helpers :mod:`.agent`,
+the compiled session server, :mod:`.sysroot`, the read-only system view, :mod:`.seccomp` and
+:mod:`.cgroups`), :mod:`.microvm` (Firecracker,
 needs hardware KVM, reports clearly what is missing where it cannot run) and
 :mod:`.remote_morph` (Morph Cloud's REST API). :func:`make_sandbox` builds the one a config's
 ``type`` names; :class:`~shipyard.envs.sandbox.pool.SandboxPool` keeps sandboxes pre-warmed and
