@@ -44,7 +44,8 @@ def _changed(task: Task) -> dict[str, str]:
 def test_first_message_per_kind() -> None:
     fn, lg = generated_tasks(10, seed=0)[0], long_tasks(2, seed=0, modules=3)[0]
     assert first_message(fn) == fn.prompt + OLD_SUFFIX  # unchanged for the trained runs
-    assert first_message(lg) == lg.prompt + OLD_SUFFIX  # the long prompt names the modules itself
+    long_msg = first_message(lg)
+    assert long_msg.startswith(lg.prompt) and "`cat part_00.py`" in long_msg and "solution.py" in long_msg
     db = first_message(DB)
     assert db.startswith(DB.prompt) and "```sql block: it becomes migration.sql" in db
     assert "psql service=db -c '\\d'" in db and "rolled back" in db and "SUBMIT" in db

@@ -137,8 +137,9 @@ def workspace_files(task: Task) -> dict[str, str]:
 def first_message(task: Task) -> str:
     """The first user message: the task and, by kind, which file(s) to write and how to check them.
 
-    Function tasks (generated, HumanEval and the long tasks, whose prompt already says which modules
-    to read) keep the message the trained runs saw, so their token records are unchanged.
+    Function tasks (generated, HumanEval) keep the message the trained runs saw, so their token
+    records are unchanged. Long tasks (``source == "long"``) say how to read the modules first: told
+    only to reply with solution.py, a small policy guesses instead of reading.
     """
     if task.kind == "db":
         return (
@@ -157,6 +158,11 @@ def first_message(task: Task) -> str:
             "Change a file by replying with a block that names it and holds its complete new contents, "
             f"e.g. ```python path/to/module.py. Run the tests with `{REPO_TESTS}`. Tests, conftest and "
             "configuration files are protected. Reply SUBMIT when the issue is resolved."
+        )
+    if task.source == "long":
+        return (
+            f"{task.prompt}\n\nRead one module per reply with a ```bash block (e.g. `cat part_00.py`). "
+            "Once you know every rule and constant, reply with the complete solution.py in a ```python block."
         )
     return f"{task.prompt}\n\nReply with the complete solution.py in a ```python block."
 
