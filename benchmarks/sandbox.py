@@ -504,6 +504,7 @@ def main() -> None:
         raise SystemExit(f"sandboxes cannot run here: {problem}")
     q = args.quick
     result: dict[str, Any] = {"quick": q, "machine": f"{platform.node()} {os.cpu_count()} cpus"}
+    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result["load_avg_before"] = round(os.getloadavg()[0], 2)
     phases: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("create", lambda: bench_create(20 if q else 300)),
