@@ -8,10 +8,10 @@ STAMP := $(VENV)/.shipyard-installed
 .PHONY: setup demo test lint format bench-quick humaneval clean
 
 $(STAMP): pyproject.toml
-	@{ command -v bwrap && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
-	  echo "installing bubblewrap (sandboxes) and postgresql (task services)"; \
-	  (apt-get update -qq && apt-get install -y -qq bubblewrap postgresql) || \
-	  sudo apt-get install -y -qq bubblewrap postgresql; }
+	@{ command -v bwrap && command -v cc && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap and gcc (sandboxes) and postgresql (task services)"; \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap postgresql gcc) || \
+	  sudo apt-get install -y -qq bubblewrap postgresql gcc; }
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(VPY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
