@@ -23,7 +23,7 @@ The required keys (``moe_k3_no_replay`` ...) are those of the sampler the config
 (``plain_bf16_``, ``fp32head_``, ``fp32head_router_``, ``bf16weights_``, ``fp32_sampler_``).
 Breakdown (``--breakdown``, MoE): on top of the fp32 head, attention / MoE blocks / all decoder
 submodules also in fp32 (:data:`BREAKDOWN`), to show what the rest of the mismatch is made of.
-Cost of the fp32 head: generated tokens/s of the bf16 engines with and without it (wall and CPU
+Cost of the fp32 head (full runs): generated tokens/s of the bf16 engines with and without it (wall and CPU
 seconds), on the tiny models and on SmolLM2-135M-Instruct (``--smollm2 N`` prompts, which also
 gives that real model's k3 with and without the fp32 head).
 Deterministic mode: the same request set generated batched and with ``deterministic=True``,
