@@ -13,6 +13,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from shipyard.config import ConfigError, load_config, to_toml
@@ -55,12 +56,24 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "relay":
         from shipyard.weights.relay import run_relay
 
+        _stop_on_signals()
         run_relay(cfg)
     else:
         from shipyard.inference.serve import serve
 
+        _stop_on_signals()
         serve(cfg)
     return 0
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop a long-running command cleanly (``KeyboardInterrupt`` in the main thread).
+
+    Set explicitly: a process started with SIGINT ignored (inherited from its parent, e.g. a
+    supervisor or a test runner) would otherwise never see Ctrl-C, and SIGTERM would skip cleanup.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
 
 
 if __name__ == "__main__":

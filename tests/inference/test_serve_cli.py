@@ -36,6 +36,11 @@ def _wait(url: str, check, timeout_s: float = 120.0) -> dict:
     raise AssertionError(f"{url} never satisfied the check")
 
 
+def _ignore_sigint() -> None:
+    """Start the server with SIGINT ignored, as some supervisors and test runners do: Ctrl-C must still stop it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
     port = _free_port()
     cmd = [
@@ -48,7 +53,9 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
         f'store.root="{tmp_path}"',
         "inference.poll_s=0.2",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_ignore_sigint
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         assert _wait(f"{base}/health", lambda b: b["status"] == "ok")["version"] == 0
