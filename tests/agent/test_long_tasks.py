@@ -50,3 +50,20 @@ def test_reference_passes_hidden_tests_and_modules_are_importable_when_graded() 
     assert ok.reward == 1.0 and ok.passed == ok.total >= 7
     wrong = grade(task, {**task.files, "solution.py": f"def {task.entry_point}(x):\n    return x\n"}, cfg)
     assert wrong.reward < 1.0
+
+
+def test_easier_variants_keep_the_shape_and_the_default_is_unchanged() -> None:
+    default = long_tasks(3, seed=0, modules=3, filler_lines=2)
+    assert default == long_tasks(3, seed=0, modules=3, filler_lines=2, local_constants=False, rules=None)
+    easy = long_tasks(6, seed=0, modules=3, filler_lines=2, local_constants=True, rules=("add", "sub", "mul"))
+    for t in easy:
+        assert "defined in the same module" in t.prompt
+        for j in range(3):
+            src = t.files[f"part_{j:02d}.py"]
+            assert "defined in this module" in src.split('"""')[1]
+        ops = [line.strip() for line in t.reference.splitlines() if line.strip().startswith("x = ")]
+        assert len(ops) == 3 and all(op.split()[3] in "+-*" for op in ops)
+        files = {**t.files, "solution.py": t.reference}
+        assert grade(t, files, SandboxConfig(timeout_s=30)).reward == 1.0
+    with pytest.raises(ValueError, match="tasks.long_rules"):
+        long_tasks(1, seed=0, rules=("pow",))

@@ -244,6 +244,12 @@ class TasksConfig(_Section):
     """Modules per long task (`set = "long"`); each states one rule whose constant lives in another."""
     long_filler_lines: int = Field(6, ge=0)
     """Filler comment lines per module of a long task (`set = "long"`): reading cost without content."""
+    long_local_constants: bool = False
+    """Easier long tasks: each rule's constant is defined in the rule's own module instead of another
+    (every module must still be read; nothing to cross-reference)."""
+    long_rules: list[str] | None = None
+    """Easier long tasks: draw rules only from these keys of `shipyard.envs.long_tasks.RULES` (add, sub,
+    mul, mod, even_add, cap, neg, xor, div); None draws from all."""
     num_db: int = Field(0, ge=0)
     """Generated database-migration tasks added to the training set (`shipyard.envs.db_tasks`; needs
     the PostgreSQL server binaries, see `services.postgres`)."""

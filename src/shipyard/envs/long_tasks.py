@@ -10,6 +10,8 @@ machine. A task is:
   module (a seeded derangement), named there as a module-level assignment. Every module also holds
   a legacy constant that no rule uses, a few filler comment lines and an unused helper, so
   reading the workspace costs far more tokens than the answer;
+- easier variants (``local_constants``: each constant in its rule's own module; ``rules``: a subset
+  of the rules) keep the shape, for a policy that cannot solve the default yet;
 - ``prompt``: write ``<name>(x)`` in ``solution.py`` that applies the rules of ``part_00.py``,
   ``part_01.py``, ... in order to the integer ``x`` and returns the result, with one worked example;
 - ``visible_tests``: 2 example tests; ``hidden_tests``: 8 tests ``test_case_<k>`` (the examples
@@ -147,11 +149,11 @@ class _Draw:
         return x
 
 
-def _draw(rng: random.Random, modules: int) -> _Draw:
-    rules = tuple(rng.choice(RULES) for _ in range(modules))
+def _draw(rng: random.Random, modules: int, pool: tuple[Rule, ...], local: bool) -> _Draw:
+    rules = tuple(rng.choice(pool) for _ in range(modules))
     values = tuple(rng.randint(r.lo, r.hi) for r in rules)
     home = list(range(modules))
-    while any(h == i for i, h in enumerate(home)):
+    while not local and any(h == i for i, h in enumerate(home)):
         rng.shuffle(home)
     names = tuple(f"{rng.choice(_WORDS)}_{home[i]:02d}" for i in range(modules))
     return _Draw(rules, values, tuple(home), names)
@@ -160,7 +162,8 @@ def _draw(rng: random.Random, modules: int) -> _Draw:
 def _module(d: _Draw, j: int, rng: random.Random, filler_lines: int) -> str:
     """Source of ``part_<j>.py``: rule j in prose, the constant(s) it defines, filler."""
     rule = d.rules[j]
-    ref = f"the constant `{d.names[j]}` defined in part_{d.home[j]:02d}.py"
+    where = "this module" if d.home[j] == j else f"part_{d.home[j]:02d}.py"
+    ref = f"the constant `{d.names[j]}` defined in {where}"
     lines = [
         f'"""part_{j:02d}: stage {j + 1} of {len(d.rules)} of the value pipeline.',
         "",
@@ -218,7 +221,8 @@ def _task(d: _Draw, rng: random.Random, index: int, filler_lines: int) -> Task |
     ex_in, ex_out = cases[0]
     prompt = (
         f"The workspace holds {modules} modules, part_00.py .. part_{modules - 1:02d}.py. The docstring of each "
-        "states one rule that changes an integer value; a rule's constant is defined in another module "
+        "states one rule that changes an integer value; a rule's constant is defined in "
+        f"{'the same' if all(h == i for i, h in enumerate(d.home)) else 'another'} module "
         "(a module-level assignment; constants marked legacy are unused). Write a Python function "
         f"`{name}(x)` in solution.py that starts from the integer x, applies the rules of part_00.py, "
         f"part_01.py, ... in this order and returns the value. For example, `{name}({ex_in})` should "
@@ -237,19 +241,39 @@ def _task(d: _Draw, rng: random.Random, index: int, filler_lines: int) -> Task |
     )
 
 
-def long_tasks(n: int, seed: int, modules: int = 12, filler_lines: int = 6) -> list[Task]:
-    """``n`` long-horizon tasks of ``modules`` modules each, deterministic for the arguments (module doc)."""
+def long_tasks(
+    n: int,
+    seed: int,
+    modules: int = 12,
+    filler_lines: int = 6,
+    *,
+    local_constants: bool = False,
+    rules: tuple[str, ...] | None = None,
+) -> list[Task]:
+    """``n`` long-horizon tasks of ``modules`` modules each, deterministic for the arguments (module doc).
+
+    Easier variants, for a policy that cannot yet solve the default: ``local_constants`` defines each
+    rule's constant in the rule's own module (no cross-reference; every module must still be read),
+    and ``rules`` restricts the rules drawn to those keys of :data:`RULES` (e.g. ``("add", "sub")``).
+    """
     if n < 1:
         raise ValueError(f"n={n} must be >= 1 (number of long tasks)")
     if modules < 2:
         raise ValueError(f"modules={modules} must be >= 2 (a rule's constant lives in another module)")
     if filler_lines < 0:
         raise ValueError(f"filler_lines={filler_lines} must be >= 0")
-    rng = random.Random(f"long/{seed}/{modules}/{filler_lines}")
+    known = {r.key: r for r in RULES}
+    if rules is not None and (not rules or any(k not in known for k in rules)):
+        raise ValueError(
+            f"long task rules={rules!r} (tasks.long_rules): choose one or more of {sorted(known)}"
+        )
+    pool = RULES if rules is None else tuple(known[k] for k in rules)
+    variant = "" if rules is None and not local_constants else f"/{local_constants}/{','.join(rules or ())}"
+    rng = random.Random(f"long/{seed}/{modules}/{filler_lines}{variant}")
     tasks: list[Task] = []
     while len(tasks) < n:
         for _ in range(_DRAWS):
-            task = _task(_draw(rng, modules), rng, len(tasks), filler_lines)
+            task = _task(_draw(rng, modules, pool, local_constants), rng, len(tasks), filler_lines)
             if task is not None:
                 tasks.append(task)
                 break

@@ -27,7 +27,14 @@ def task_splits(cfg: ShipyardConfig) -> tuple[list[Task], list[Task]]:
     if t.set == "long":
         from shipyard.envs.long_tasks import long_tasks
 
-        tasks = long_tasks(t.num_generated, t.seed, t.long_modules, t.long_filler_lines)
+        tasks = long_tasks(
+            t.num_generated,
+            t.seed,
+            t.long_modules,
+            t.long_filler_lines,
+            local_constants=t.long_local_constants,
+            rules=None if t.long_rules is None else tuple(t.long_rules),
+        )
     else:
         tasks = [x for x in generated_tasks(t.num_generated, t.seed) if x.difficulty <= t.max_difficulty]
     return split_tasks(tasks, t.heldout_frac, t.seed)
