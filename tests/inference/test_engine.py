@@ -495,10 +495,11 @@ def test_deterministic_mode_admits_one_request_at_a_time(dense: tuple[Any, Any])
 
 def test_prefix_cache_reuses_a_turn_and_matches_a_cold_prefill(dense: tuple[Any, Any]) -> None:
     """An agent's next turn extends the last one: with the prefix cache only the new tokens are
-    forwarded, and tokens and logprobs equal a cold prefill; new weights clear the cache."""
+    forwarded, and tokens and logprobs equal a cold prefill; after new weights go live nothing stale
+    is reused: the next turn equals a cold run of the new weights."""
     model, tok = dense
     cold = EmbeddedEngine(model, tok, max_batch=4)
-    warm = EmbeddedEngine(model, tok, max_batch=4, prefix_cache_mb=64)
+    warm = EmbeddedEngine(copy.deepcopy(model), tok, max_batch=4, prefix_cache_mb=64)
     turn1 = [
         GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=8, seed=i))
         for i, p in enumerate(PROMPTS)
@@ -522,11 +523,38 @@ def test_prefix_cache_reuses_a_turn_and_matches_a_cold_prefill(dense: tuple[Any,
         len(q.prompt_ids) + len(s.token_ids) - 1 for q, s in zip(turn1, first, strict=True)
     )
     assert len(warm.prefix) == len(PROMPTS)  # each session's newer turn superseded its older one
-    warm.stage_weights(1, {n: p.detach().clone() for n, p in model.named_parameters()})
+    new_model = _lively(copy.deepcopy(model), seed=1)
+    warm.stage_weights(1, new_model.state_dict())
     warm.apply_pending()
     assert len(warm.prefix) == 0
-    warm.generate(turn2[:1])
+    after = warm.generate(turn2)
     assert warm.stats["prefix_hits"] == len(PROMPTS)  # nothing reused across a weight update
+    expected = EmbeddedEngine(new_model, tok, max_batch=4).generate(turn2)
+    assert [r.token_ids for r in after] == [r.token_ids for r in expected]
+    assert [r.token_ids for r in after] != [r.token_ids for r in reused]  # the new weights do differ
+
+
+def test_prefix_cache_is_off_for_sliding_window_models() -> None:
+    """A sliding-window cache drops old positions, so rows can neither be kept nor joined: the engine
+    runs such a model with the prefix cache off and static admission, and still samples."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=4,
+        max_position_embeddings=256,
+    )
+    engine = EmbeddedEngine(MistralForCausalLM(cfg), tok, max_batch=4, prefix_cache_mb=64)
+    assert engine.prefix is None
+    results = engine.generate([GenerateRequest(p, _greedy(6)) for p in PROMPTS] * 2)
+    assert all(len(r.token_ids) == 6 or r.finish_reason == "eos" for r in results)
+    assert engine.stats["joins"] == 0 and engine.stats["batches"] == 2
 
 
 def test_prefix_cache_lru_budget_and_longest_match() -> None:

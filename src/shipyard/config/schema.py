@@ -79,9 +79,10 @@ class InferenceConfig(_Section):
     poll_s: float = Field(0.5, gt=0)
     """How often the weight subscriber polls the store for a new version."""
     prefix_cache_mb: int = Field(1024, ge=0)
-    """Memory for the prefix KV cache (0 turns it off): a finished request's keys/values are kept, and
-    a request that extends it (an agent's next turn) prefills only its new tokens. Cleared when new
-    weights go live; not used in deterministic mode or for MoE models recording routes."""
+    """Memory for the prefix KV cache, on the engine's device (0 turns it off): a finished request's
+    keys/values are kept, and a request that extends it (an agent's next turn) prefills only its new
+    tokens. Cleared when new weights go live; not used in deterministic mode, for MoE models recording
+    routes or for sliding-window attention."""
 
 
 class SummaryConfig(_Section):

@@ -1,16 +1,15 @@
 """Embedded inference engine: batched KV-cache sampling with in-flight weight updates.
 
 Contract:
-- Continuous batching: :meth:`EmbeddedEngine.serve` keeps one running batch of at most
-  ``max_batch`` rows and, at every decode-step boundary, admits waiting requests into the free
-  slots: they get one left-padded prefill of their own (attention mask, position ids counted from
-  each row's first real token), and their KV cache is left-padded to the running cache's length
-  (or the running cache to theirs) and joined to it, so a straggler never holds back the requests
-  behind it. Each step decodes one token for every running row on a transformers
-  ``DynamicCache``. :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP server's
-  scheduler feeds ``serve`` from its queue. Each row has its own temperature, top-p, max_tokens, stop strings and
-  ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a seeded
-  request draws the same random numbers whatever else shares its batch.
+- Continuous batching: :meth:`EmbeddedEngine.serve` keeps one running batch of at most ``max_batch`` rows
+  and, at every decode-step boundary, admits waiting requests into the free slots: they get one left-padded
+  prefill of their own (attention mask, position ids counted from each row's first real token), and their KV
+  cache is left-padded to the running cache's length (or the running cache to theirs) and joined to it, so a
+  straggler never holds back the requests behind it. Each step decodes one token for every running row on a
+  transformers ``DynamicCache``. :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP
+  server's scheduler feeds ``serve`` from its queue. Each row has its own temperature, top-p, max_tokens,
+  stop strings and ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a
+  seeded request draws the same random numbers whatever else shares its batch.
 - Temperature 0 is greedy (argmax). The logprob reported for a sampled token is
   ``log_softmax(logits / T)`` at that token for T > 0 and ``log_softmax(logits)`` for T = 0: the
   full tempered distribution, *before* top-p truncation (the distribution a trainer can
@@ -21,8 +20,8 @@ Contract:
   ``"length"``. Finished rows leave the batch and the KV cache at once (``DynamicCache`` already
   copies the cache on every step, so a compaction costs about one step's cache update), and
   leading padding columns no remaining row needs are cut from the cache.
-- Prefix cache (``prefix_cache_mb > 0``; off in deterministic mode and for MoE models that
-  record routes): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
+- Prefix cache (``prefix_cache_mb > 0``, in the model's device memory; off in deterministic mode,
+  for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
   and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
   new tokens. The cache is cleared when new weights go live, and a row that ran across an update
   is not kept, so reused keys/values always come from the weights now serving.
@@ -40,18 +39,18 @@ Contract:
   earlier turn's routes of a prefix of its prompt) are replayed in the prefill, so across turns a
   token keeps the experts of its first forward, as with a reused KV cache; its result's routes
   start with them.
-- Deterministic mode (``deterministic=True``): every request runs as a batch of its own (admitted
-  only when nothing else runs; no padding, fixed per-row shapes), so a sequence's logits, tokens and routes are bit-identical
-  whatever else was submitted with it; it costs the batching speedup (measured in
+- Deterministic mode (``deterministic=True``): every request runs as a batch of its own (admitted only when
+  nothing else runs; no padding, fixed per-row shapes), so a sequence's logits, tokens and routes are
+  bit-identical whatever else was submitted with it; it costs the batching speedup (measured in
   ``benchmarks/mismatch.py``).
 
-Limits: one ``serve``/``generate`` runs at a time (calls from several threads are serialised; the
-server's scheduler is the one caller that batches threads); requests are admitted in arrival order
-(no priorities, no preemption, no prefix sharing); a joined row pads the shorter cache to the
-longer one, so a long prompt admitted next to short rows costs them attention over its padding
-until it finishes; a model with caches other than plain ``DynamicLayer`` (sliding windows) admits
-only into an empty batch (static batching); stop strings are searched in the decoded text of the last ``2 * longest_stop + 8``
-generated tokens each step; CPU or single-device models only.
+Limits: one ``serve``/``generate`` runs at a time (calls from several threads are serialised; the server's
+scheduler is the one caller that batches threads); requests are admitted in arrival order (no priorities, no
+preemption, no prefix sharing); a joined row pads the shorter cache to the longer one, so a long prompt
+admitted next to short rows costs them attention over its padding until it finishes; a model with caches
+other than plain ``DynamicLayer`` (sliding windows) admits only into an empty batch (static batching); stop
+strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
+CPU or single-device models only.
 
 Shape legend: B = rows in the running batch, T = key/value length (padded prompt + generated),
 V = vocabulary size, P = parameters' own shapes.
@@ -168,6 +167,11 @@ def _invert_cdf(weights_SK: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf_SK, target_S[:, None], right=True).squeeze(1)
 
 
+def _full_attention(cache: DynamicCache) -> bool:
+    """Every layer keeps all positions (no sliding window): rows can be joined, cut and reused."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     """``x`` with zeros prepended along ``dim`` up to ``width``."""
     missing = width - x.shape[dim]
@@ -221,7 +225,7 @@ class _Batch:
 
     def joinable(self) -> bool:
         """Whether rows can join: every cache layer is a plain (full-attention) ``DynamicLayer``."""
-        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        return _full_attention(self.cache)
 
     def mask(self) -> torch.Tensor | None:
         """The attention mask, or None when no row has padding (lets SDPA take its causal path)."""
@@ -251,7 +255,10 @@ class EmbeddedEngine:
         self.seam = self._route_seam(model, record_routes)
         self.prefix = (
             PrefixCache(prefix_cache_mb << 20)
-            if prefix_cache_mb > 0 and not deterministic and self.seam is None
+            if prefix_cache_mb > 0
+            and not deterministic
+            and self.seam is None
+            and _full_attention(DynamicCache(config=model.config))
             else None
         )
         self._epoch = 0
@@ -456,7 +463,10 @@ class EmbeddedEngine:
         self, batch: _Batch | None, logits_BV: torch.Tensor, jobs: list[Job]
     ) -> tuple[_Batch, torch.Tensor]:
         """Prefill ``jobs`` as new rows and join them to the running batch (or start one)."""
-        assert 0 < len(jobs) <= self._free_slots(batch), "take returned more requests than free slots"
+        if not 0 < len(jobs) <= self._free_slots(batch):
+            raise ValueError(
+                f"serve: take returned {len(jobs)} requests for {self._free_slots(batch)} free slots"
+            )
         if batch is None:
             self.apply_pending()
         rows = [self._new_row(req, done) for req, done in jobs]
@@ -508,8 +518,11 @@ class EmbeddedEngine:
         """Keep a finished row's keys/values (prompt and sampled tokens but the last) for reuse."""
         if self.prefix is None or row.epoch != self._epoch:
             return
-        cols_N = batch.attn_BT[b].nonzero().flatten()
         tokens = row.request.prompt_ids + row.token_ids[:-1]
+        per_token = sum(2 * layer.keys[b, :, 0].nbytes for layer in batch.cache.layers)
+        if len(tokens) * per_token > self.prefix.budget_bytes:
+            return
+        cols_N = batch.attn_BT[b].nonzero().flatten()
         assert len(cols_N) == len(tokens), "a row's unmasked cache columns are its forwarded tokens"
         keys = [layer.keys[b][:, cols_N] for layer in batch.cache.layers]
         values = [layer.values[b][:, cols_N] for layer in batch.cache.layers]

@@ -33,13 +33,14 @@ Shape legend: no tensors here (token ids travel as lists).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -65,8 +66,9 @@ class _Item:
     def resolve(self, i: int, result: GenerateResult) -> None:
         self.results[i] = result
         self.left -= 1
-        if self.left == 0 and not self.fut.done():
-            self.fut.set_result([r for r in self.results if r is not None])
+        if self.left == 0:
+            with contextlib.suppress(InvalidStateError):  # failed meanwhile (close, engine error)
+                self.fut.set_result([r for r in self.results if r is not None])
 
 
 class SchedulerClosed(RuntimeError):
@@ -74,7 +76,7 @@ class SchedulerClosed(RuntimeError):
 
 
 class BatchScheduler:
-    """Turns concurrent ``submit`` calls into batched ``engine.generate`` calls on one worker thread."""
+    """Feeds concurrent ``submit`` calls into one continuous-batching ``engine.serve`` loop on a worker thread."""
 
     def __init__(
         self, engine: EmbeddedEngine, gather_window_s: float = 0.005, idle_poll_s: float = 0.05
@@ -134,7 +136,7 @@ class BatchScheduler:
             leftover, self._queue = list(self._queue), deque()
         for item in leftover:  # never admitted, or admitted in part when the admissions stopped
             if item.admitted > 0 or item.fut.set_running_or_notify_cancel():
-                item.fut.set_exception(SchedulerClosed("inference server shut down before the request ran"))
+                item.fut.set_exception(SchedulerClosed("inference server shut down before all requests ran"))
 
     def _run(self) -> None:
         while True:
