@@ -504,6 +504,12 @@ def test_etc_tree_copies_what_the_sandbox_needs_and_follows_changes(tmp_path: Pa
     second = Path(sysroot.etc_tree(False, str(etc)))
     assert second != first and (second / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
     assert (Path(sysroot.etc_tree(True, str(etc))) / "hosts").exists()
+    tampered = second / "passwd"  # a cached tree changed behind our back is never bound again
+    tampered.chmod(0o644)
+    tampered.write_text("evil:x:0:0::/:/bin/sh\n")
+    sysroot._build.cache_clear()
+    again = Path(sysroot.etc_tree(False, str(etc)))
+    assert again == second and (again / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
     with BwrapSandbox(None, SandboxConfig(timeout_s=10)) as box:  # the host's own tree, bound once
         res = box.exec("ls /etc; chmod u+w /etc/passwd 2>&1; touch /etc/new 2>&1")
         listing, chmod, touch = res.stdout.splitlines()[:-2], *res.stdout.splitlines()[-2:]

@@ -6,7 +6,8 @@ needs (:data:`ETC_FILES`; with ``network`` also :data:`ETC_NET_FILES`), all read
 bind mount costs bwrap a mount, a re-read of ``/proc/self/mountinfo`` and a remount, which is
 most of a cold start, so the ``/etc`` entries are not bound one by one: they are copied once
 into a host directory (:func:`etc_tree`, under ``$XDG_CACHE_HOME/shipyard/sandbox``, named by
-the hash of what it holds, built atomically) that is bound at ``/etc`` in one mount; only the
+the hash of what it holds, built atomically; a cached tree is reused only if we own all of it, none of
+it is writable by others, and it still hashes to its name) that is bound at ``/etc`` in one mount; only the
 large certificate directories of network sandboxes (:data:`ETC_NET_DIRS`) are still bound on top.
 The copy follows the host: the stat signature (inode, size, mtime) of every copied entry is
 checked at each :func:`system_args` call (microseconds), and a change makes a new tree.
@@ -67,28 +68,58 @@ def _copy_entry(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
+def _tree_digest(root: str, mountpoints: tuple[str, ...]) -> str:
+    """SHA-256 over the tree's file paths and contents (and the mountpoints it was made for)."""
+    digest = hashlib.sha256(repr(mountpoints).encode())
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for fname in sorted(filenames):
+            path = os.path.join(dirpath, fname)
+            digest.update(os.path.relpath(path, root).encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _trusted_tree(root: str, digest: str, mountpoints: tuple[str, ...]) -> bool:
+    """An existing tree may be bound only if we own every entry, none is a symlink or writable by
+    group or others, and it still holds exactly what its name says (its digest)."""
+    uid = os.getuid()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for path in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            st = os.lstat(path)
+            if st.st_uid != uid or st.st_mode & 0o022 or os.path.islink(path):
+                return False
+    return _tree_digest(root, mountpoints) == digest
+
+
 @functools.lru_cache(maxsize=8)
 def _build(signature: tuple[tuple[str, int, int, int], ...], mountpoints: tuple[str, ...], etc: str) -> str:
-    """The tree for one signature: copy into a temp dir, hash what was copied, rename into place."""
+    """The tree for one signature: copy into a temp dir, hash what was copied, rename into place.
+
+    A tree already in the cache under that digest is reused only if :func:`_trusted_tree`; else it
+    is replaced by the fresh copy."""
     cache = cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".etc-", dir=cache)
     try:
-        digest = hashlib.sha256(repr(mountpoints).encode())
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".etc-", dir=cache)
+    except OSError as e:
+        raise RuntimeError(
+            f"sandbox /etc tree: cannot write {cache} ({e}); set XDG_CACHE_HOME to a writable directory"
+        ) from e
+    try:
         for name in dict.fromkeys(entry[0].split("/")[0] for entry in signature):
             _copy_entry(os.path.join(etc, name), os.path.join(tmp, name))
-        for dirpath, dirnames, filenames in os.walk(tmp):
-            dirnames.sort()
-            for fname in sorted(filenames):
-                path = os.path.join(dirpath, fname)
-                digest.update(os.path.relpath(path, tmp).encode() + b"\0" + Path(path).read_bytes() + b"\0")
+        digest = _tree_digest(tmp, mountpoints)
         for name in mountpoints:
             os.mkdir(os.path.join(tmp, name))
         for dirpath, _, filenames in os.walk(tmp):
             os.chmod(dirpath, 0o755)
             for fname in filenames:
                 os.chmod(os.path.join(dirpath, fname), 0o444)
-        target = cache / f"etc-{digest.hexdigest()[:16]}"
+        target = cache / f"etc-{digest[:16]}"
+        if target.is_dir() and not _trusted_tree(str(target), digest, mountpoints):
+            stale = tempfile.mkdtemp(prefix=".etc-untrusted-", dir=cache)
+            os.rename(target, os.path.join(stale, "tree"))
+            shutil.rmtree(stale, ignore_errors=True)
         if not target.is_dir():
             with contextlib.suppress(OSError):  # a concurrent builder may have won: same content
                 os.rename(tmp, target)
