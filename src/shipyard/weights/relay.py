@@ -291,9 +291,12 @@ class WeightRelay:
                 if self._stop.is_set():
                     break
                 try:
-                    self.sync_once(head)
+                    mirrored = self.sync_once(head)
                 except (OSError, ValueError, LookupError) as e:
                     self.errors.append(f"sync: {e}")
+                    self._stop.wait(poll_s)
+                    continue
+                if head is not None and not mirrored:  # a head we cannot reach (LATEST went back): no spin
                     self._stop.wait(poll_s)
 
         self._thread = threading.Thread(target=run, name="weight-relay", daemon=True)
@@ -346,8 +349,11 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
     try:
         while True:  # one sync at least, however short ``max_s``
             try:
-                for v in relay.sync_once(head):
+                mirrored = relay.sync_once(head)
+                for v in mirrored:
                     console.print(f"version {v} mirrored ({relay.stats.origin_bytes} origin bytes so far)")
+                if head is not None and not mirrored:  # a head we cannot reach (LATEST went back): no spin
+                    time.sleep(cfg.relay.poll_s)
             except (OSError, ValueError, LookupError) as e:
                 console.print(f"[yellow]sync failed, retrying: {e}")
                 time.sleep(cfg.relay.poll_s)

@@ -104,8 +104,8 @@ class HeadWatcher:
     def _read(self) -> None:
         try:
             head = read_head(self.store)
-        except (OSError, ValueError) as e:  # unreachable or mid-rewrite: the next read retries
-            self.errors = [*self.errors[-9:], str(e)]
+        except Exception as e:  # unreachable, mid-rewrite or a store failure: recorded, the next read retries
+            self.errors = [*self.errors[-9:], f"{type(e).__name__}: {e}"]
             head = None
         finally:
             self._slots.release()
