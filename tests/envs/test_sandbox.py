@@ -467,6 +467,13 @@ def test_agent_binary_is_sealed_and_refuses_the_host() -> None:
     with BwrapSandbox(None, SandboxConfig(timeout_s=10)) as box:
         res = box.exec("printf x >> /proc/2/exe; echo rc=$?")  # the running agent, from inside
         assert res.stdout != "rc=0\n" and box.exec("echo ok").stdout == "ok\n"
+        # not dumpable: its fds and exe are closed to the sandbox; the command's own shell is not
+        links = box.exec(
+            "readlink /proc/2/fd/0 || echo denied; readlink /proc/2/exe || echo denied; readlink /proc/$$/exe"
+        )
+        assert links.stdout.splitlines()[:2] == ["denied", "denied"] and links.stdout.splitlines()[
+            2
+        ].endswith("sh")
 
 
 def test_agent_build_failure_names_the_compiler_error(tmp_path: Path) -> None:

@@ -248,6 +248,9 @@ static int serve(int argc, char **argv, char **envp) {
         return 2;
     }
     sys3(SYS_prctl, 15 /* PR_SET_NAME */, "shipyard-agent", 0); /* not the memfd's fd number */
+    /* not dumpable: code in the sandbox, same uid, can neither ptrace the agent nor open its
+       /proc/<pid>/mem or fd/ (the commands it runs get a fresh, dumpable image at execve) */
+    sys3(SYS_prctl, 4 /* PR_SET_DUMPABLE */, 0, 0);
     sys3(SYS_close, number(argv[2]), 0, 0);
     int out_fd = (int)number(argv[3]);
     set_limit(RLIMIT_CORE, number(argv[4]));
