@@ -87,12 +87,15 @@ def _evaluate(cfg: ShipyardConfig, version: int | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     from shipyard.orchestrate.train import train
+    from shipyard.store import open_store
+    from shipyard.weights.versions import latest_version
 
     res: dict[str, dict[str, Any]] = {}
     for name, mode in (("trained_summaries", "summarize"), ("truncation", "truncate")):
         cfg = _cfg(args, tmp, name, mode, args.override)
         t0 = time.time()
-        if not (args.reuse and _latest_version(tmp / name) >= args.steps):
+        published = latest_version(open_store(cfg.store)) if args.reuse else None
+        if published is None or published < args.steps:
             train(cfg)  # resumes from the run's last checkpoint when one exists
         train_s = time.time() - t0
         res[name] = {**_evaluate_once(args, tmp / name, cfg, args.steps), "train_s": train_s}
@@ -100,12 +103,6 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     for name, mode in base:
         res[name] = _evaluate_once(args, tmp / name, _cfg(args, tmp, name, mode, args.override), None)
     return res
-
-
-def _latest_version(run_dir: Path) -> int:
-    """The newest published weight version of a training run (-1 when none)."""
-    latest = run_dir / "store" / "weights" / "LATEST"
-    return int(latest.read_text().split("\n", 1)[0]) if latest.is_file() else -1
 
 
 def _evaluate_once(args: argparse.Namespace, where: Path, cfg: ShipyardConfig, version: int | None) -> Any:

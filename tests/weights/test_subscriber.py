@@ -130,13 +130,21 @@ def test_relay_pulls_once_rebuilds_snapshots_and_repairs(tmp_path: Path) -> None
     assert mirror.get(key) == good and hashlib.sha256(good).hexdigest() == snap.sha256
 
 
-def test_relay_retracts_a_version_that_fails_to_decode(tmp_path: Path) -> None:
-    states = _states(2)
+def _relay_holding_v0(
+    tmp_path: Path, n: int, name: str
+) -> tuple[list[dict[str, torch.Tensor]], LocalStore, LocalStore, WeightPublisher, WeightRelay]:
+    """``n`` states, an origin and a region mirror, a publisher, and a relay that has mirrored version 0."""
+    states = _states(n)
     origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
     pub = WeightPublisher(origin, snapshot_every=10)
-    relay = WeightRelay(origin, mirror, name="relay-x")
+    relay = WeightRelay(origin, mirror, name=name)
     pub.publish(0, states[0])
     assert relay.sync_once() == [0]
+    return states, origin, mirror, pub, relay
+
+
+def test_relay_retracts_a_version_that_fails_to_decode(tmp_path: Path) -> None:
+    states, origin, mirror, pub, relay = _relay_holding_v0(tmp_path, 2, "relay-x")
     m = pub.publish(1, states[1])
     # a publisher bug: the manifest claims another digest for "w" (consistent state digest, intact shards)
     tensors = {**m.tensors, "w": dataclasses.replace(m.tensors["w"], digest="sha256:" + "0" * 64)}
@@ -177,12 +185,7 @@ def test_relay_fetches_a_delta_in_the_round_trip_of_its_manifest(tmp_path: Path)
     """LATEST's head names the delta's parent and shards: a relay that holds the parent fetches
     them beside the manifest (two GETs in one round), verifies them against it, and refetches a
     prefetched shard that does not match."""
-    states = _states(3)
-    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
-    pub = WeightPublisher(origin, snapshot_every=10)
-    relay = WeightRelay(origin, mirror, name="relay-eu")
-    pub.publish(0, states[0])
-    assert relay.sync_once() == [0]
+    states, origin, mirror, pub, relay = _relay_holding_v0(tmp_path, 3, "relay-eu")
     m1 = pub.publish(1, states[1])
     head = read_head(origin)
     assert head is not None and head.version == 1 and head.parent == 0
