@@ -23,7 +23,7 @@ import pytest
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, agent, reap_stale, sandbox_available, sysroot
-from shipyard.envs.sandbox.bwrap import leftovers
+from shipyard.envs.sandbox.bwrap import _rmtree_error, leftovers
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 
@@ -328,15 +328,28 @@ def test_copy_on_write_fork_of_a_directory(tmp_path: Path) -> None:
         BwrapSandbox(None, cfg, base=str(tmp_path / "missing"))
 
 
+def test_removing_a_root_already_gone_or_locked_is_clean(tmp_path: Path) -> None:
+    """Two processes may reap the same stale root: the one that finds it gone is done (this once
+    surfaced as a TypeError from retrying ``os.open`` and failed a rollout's sandbox creation);
+    a directory the sandboxed code locked (mode 000) is unlocked and removed."""
+    shutil.rmtree(tmp_path / "gone", onerror=_rmtree_error)  # nothing raised
+    locked = tmp_path / "root" / "locked"
+    (locked / "deep").mkdir(parents=True)
+    (locked / "deep" / "f").write_text("x")
+    locked.chmod(0)
+    shutil.rmtree(tmp_path / "root", onerror=_rmtree_error)
+    assert not (tmp_path / "root").exists()
+
+
 def test_reap_stale_removes_what_dead_processes_left() -> None:
+    with BwrapSandbox(None) as box:  # the first sandbox of a process reaps once: before the stale ones exist
+        cg_parent = os.path.dirname(box.cgroup) if box.cgroup else None
     dead = subprocess.Popen(["true"])
     dead.wait()  # its pid now names no process
     stale_dir = tempfile.mkdtemp(prefix=f"shipyard-sb-{dead.pid}-")
     Path(stale_dir, "sub").mkdir()
     Path(stale_dir, "sub", "f.txt").write_text("x")
     live_dir = tempfile.mkdtemp(prefix=f"shipyard-sb-{os.getpid()}-")
-    with BwrapSandbox(None) as box:
-        cg_parent = os.path.dirname(box.cgroup) if box.cgroup else None
     stale_cg = os.path.join(cg_parent, f"shipyard-sb-{dead.pid}-feedfeedfeed") if cg_parent else None
     if stale_cg:
         os.mkdir(stale_cg)

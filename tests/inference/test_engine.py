@@ -20,12 +20,13 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine, sample_tokens
+from shipyard.inference.engine import EmbeddedEngine, _write, sample_tokens
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.models.router_replay import RouterSeam
@@ -275,6 +276,34 @@ def test_stage_and_apply_when_idle(dense: tuple[Any, Any]) -> None:
         engine.stage_weights(6, {"model.norm.weight": torch.ones(3)})
     [res] = engine.generate([GenerateRequest(PROMPTS[3], _greedy(3))])
     assert res.versions == [5, 5, 5]
+
+
+def test_sparse_staged_writes_apply_in_order() -> None:
+    """Positions stage only the elements a delta changed; queued updates apply in order (a later
+    write to the same element wins, a whole tensor resets what came before it); any strides."""
+    model, tok = _tiny("dense", seed=0)
+    engine = EmbeddedEngine(model, tok, version=0)
+    norm = model.model.norm.weight
+    n = norm.numel()
+    src = torch.arange(n, dtype=torch.float32)
+    engine.stage_weights(1, {"model.norm.weight": src}, positions={"model.norm.weight": np.array([0, 5])})
+    engine.stage_weights(2, {"model.norm.weight": -src}, positions={"model.norm.weight": np.array([5, 7])})
+    src[0] = 99.0  # taken at staging: later changes of the caller's tensor do not leak in
+    assert engine.apply_pending() and engine.version == 2 and engine.written_elements[-1] == 4
+    want = torch.ones(n)
+    want[[0, 5, 7]] = torch.tensor([0.0, -5.0, -7.0])
+    assert torch.equal(norm.detach(), want)
+    engine.stage_weights(
+        3, {"model.norm.weight": torch.full((n,), 2.0)}, positions={"model.norm.weight": None}
+    )
+    engine.stage_weights(4, {"model.norm.weight": src}, positions={"model.norm.weight": torch.tensor([1])})
+    assert engine.apply_pending() and engine.written_elements[-1] == n + 1
+    want = torch.full((n,), 2.0)
+    want[1] = 1.0
+    assert torch.equal(norm.detach(), want)
+    strided = torch.zeros(4, 6).t()  # not contiguous: flat positions are row-major in its shape
+    _write(strided, torch.tensor([0, 7, 23]), torch.tensor([1.0, 2.0, 3.0]))
+    assert strided.reshape(-1)[[0, 7, 23]].tolist() == [1.0, 2.0, 3.0] and float(strided.sum()) == 6.0
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,25 @@ def test_decode_into_out_in_place() -> None:
         decode_delta(parent, blob, out=torch.empty(7, dtype=parent.dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_encode_updates_the_parent_in_place(dtype: torch.dtype) -> None:
+    """update_parent=True: the same blob, and the parent equals new bit for bit afterwards (every
+    bit pattern class: random bits on a third of the elements), with its memory kept."""
+    parent, new = _weights_and_update(20_000, 0.02, dtype, seed=11)
+    g = torch.Generator().manual_seed(12)
+    new = new.clone().reshape(-1)
+    new[::3] = _random_bits(new[::3].numel(), dtype, g)
+    new = new.reshape(parent.shape)
+    plain = encode_delta(parent, new)
+    kept, ptr = parent.clone(), parent.data_ptr()
+    assert encode_delta(parent, new, codec.MinorityIndex(), update_parent=True) == plain
+    assert parent.data_ptr() == ptr
+    assert_bits_equal(parent, new)
+    assert_bits_equal(decode_delta(kept, plain), new)
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        encode_delta(kept.t(), new.t(), update_parent=True)
+
+
 def test_non_contiguous_inputs() -> None:
     parent, new = _weights_and_update(10_000, 0.05, torch.float16, seed=4)
     pt, nt = parent.t(), new.t()

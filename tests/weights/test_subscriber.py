@@ -58,9 +58,11 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
     pub.publish(0, _bf16(trainer))
     sub = WeightSubscriber(store, EngineSink(engine), name="server-0", cache_dir=tmp_path / "cache")
     live_ptrs = {k: t.data_ptr() for k, t in named_params(served).items()}
+    versions = [_bf16(trainer)]
     for v in (1, 2):
         _adam_steps(trainer, 1)
-        pub.publish(v, _bf16(trainer))
+        versions.append(_bf16(trainer))
+        pub.publish(v, versions[-1])
     assert sub.poll_once() and engine.version == 2 and not sub.poll_once()
     assert sub.reader.index_version == 2, "the minority indexes follow the decoded state"
     rec = sub.adopted[-1]
@@ -69,6 +71,14 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
     for k, t in _bf16(trainer).items():
         assert torch.equal(named_params(served)[k], t), k
     assert {k: t.data_ptr() for k, t in named_params(served).items()} == live_ptrs, "applied in place"
+
+    # the pause wrote exactly the elements either delta changed (the union of their positions)
+    def bits(v: int, k: str) -> torch.Tensor:
+        return versions[v][k].view(torch.int16)
+
+    touched = sum(int(((bits(0, k) != bits(1, k)) | (bits(1, k) != bits(2, k))).sum()) for k in versions[0])
+    total = sum(t.numel() for t in versions[0].values())
+    assert engine.written_elements[-1] == touched and 0 < touched < total
     assert [(r.name, r.version) for r in read_records(store)] == [("server-0", 2)]
     # an idle poll reads LATEST's first line; following every version, a new one costs LATEST (which
     # carries the manifest) and the shards: no listing, no manifest reads
@@ -90,6 +100,7 @@ def test_engine_adopts_deltas_in_place_and_reports_pause(tmp_path: Path) -> None
     store.delete(shard_key(4, read_manifest(store, 4).encodings["delta"].shards[0].name))
     assert sub.poll_once() and engine.version == 5
     assert sub.adopted[-1]["path"] == ["4:snapshot", "5:delta"] and "version 4 delta" in sub.errors[0]
+    assert engine.written_elements[-1] == total, "a path through a snapshot replaces whole tensors"
     for k, t in _bf16(trainer).items():
         assert torch.equal(named_params(served)[k], t), k
     sub.stop()

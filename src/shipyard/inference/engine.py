@@ -26,9 +26,11 @@ Contract:
   new tokens. The cache is cleared when new weights go live, and a row that ran across an update
   is not kept, so reused keys/values always come from the weights now serving.
 - Weights: :meth:`stage_weights` may be called from any thread; the update is applied in place
-  (``copy_`` into the live parameters) at the next decode-step boundary of a running generate, or
-  by :meth:`apply_pending` / the next generate when idle. Every token records the version live
-  for the forward pass that produced its logits; each apply's duration is appended to ``pauses``.
+  (``copy_`` into the live parameters, or only the elements a delta changed when the caller says
+  where they are) at the next decode-step boundary of a running generate, or by
+  :meth:`apply_pending` / the next generate when idle. Every token records the version live for
+  the forward pass that produced its logits; each apply's duration is appended to ``pauses`` and
+  the number of elements it wrote to ``written_elements``.
   The KV cache of running rows is kept across a swap (in-flight update: tokens after the swap
   attend to keys/values computed with the older weights).
 - MoE routes (``record_routes``; on by default for a model with routers of
@@ -67,7 +69,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -167,6 +169,20 @@ def _invert_cdf(weights_SK: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf_SK, target_S[:, None], right=True).squeeze(1)
 
 
+_WeightOp = tuple[torch.Tensor | None, torch.Tensor]
+"""A staged write to one parameter: (None, whole tensor) or (flat indices, their values)."""
+
+
+def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Tensor) -> None:
+    """Apply one staged write in place (any strides: indices are flat, row-major)."""
+    if idx_C is None:
+        target_P.copy_(values)
+    elif target_P.is_contiguous():
+        target_P.view(-1)[idx_C] = values
+    else:
+        target_P[torch.unravel_index(idx_C, target_P.shape)] = values
+
+
 def _full_attention(cache: DynamicCache) -> bool:
     """Every layer keeps all positions (no sliding window): rows can be joined, cut and reused."""
     return all(type(layer) is DynamicLayer for layer in cache.layers)
@@ -264,6 +280,7 @@ class EmbeddedEngine:
         self._epoch = 0
         self.version = version
         self.pauses: list[float] = []
+        self.written_elements: list[int] = []
         self.stats: dict[str, int] = {
             "batches": 0,
             "sequences": 0,
@@ -286,7 +303,7 @@ class EmbeddedEngine:
         self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self._lock = threading.RLock()
         self._stage_lock = threading.Lock()
-        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._pending: tuple[int, dict[str, list[_WeightOp]]] | None = None
 
     @staticmethod
     def _route_seam(model: Any, record_routes: bool | None) -> RouterSeam | None:
@@ -314,16 +331,25 @@ class EmbeddedEngine:
 
     # ----------------------------------------------------------------------------------- weights
 
-    def stage_weights(self, version: int, state_dict: dict[str, torch.Tensor], copy: bool = True) -> None:
+    def stage_weights(
+        self,
+        version: int,
+        state_dict: dict[str, torch.Tensor],
+        copy: bool = True,
+        positions: Mapping[str, Any] | None = None,
+    ) -> None:
         """Queue ``state_dict`` (all or some parameters) as ``version``; applied at the next step boundary.
 
-        Staged updates that have not been applied yet merge (later tensors win), so partial
+        Staged updates that have not been applied yet merge (applied in order), so partial
         updates are never lost. ``copy=True`` snapshots the tensors now, so the caller may keep
-        changing its own; ``copy=False`` only converts dtype/device and the caller must not mutate them.
+        changing its own; ``copy=False`` only converts dtype/device and the caller must not mutate
+        them. ``positions[name]`` (flat int64 indices, numpy or torch; None = all) says the live
+        tensor differs from ``state_dict[name]`` only there: just those elements are taken now and
+        written at the boundary, so the pause scales with what changed, not with the model.
         """
         if not isinstance(version, int):
             raise ValueError(f"version must be an int, got {type(version).__name__}")
-        staged: dict[str, torch.Tensor] = {}
+        staged: dict[str, _WeightOp] = {}
         for name, tensor in state_dict.items():
             target = self._targets.get(name)
             if target is None:
@@ -332,10 +358,17 @@ class EmbeddedEngine:
                 raise ValueError(
                     f"stage_weights: {name!r} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}"
                 )
-            staged[name] = tensor.detach().to(device=target.device, dtype=target.dtype, copy=copy)
+            where = None if positions is None else positions.get(name)
+            if where is None:
+                staged[name] = (None, tensor.detach().to(device=target.device, dtype=target.dtype, copy=copy))
+            else:
+                idx_C = torch.as_tensor(where, dtype=torch.long).to(target.device)
+                values_C = tensor.detach().reshape(-1)[idx_C.to(tensor.device)]
+                staged[name] = (idx_C, values_C.to(device=target.device, dtype=target.dtype))
         with self._stage_lock:
             merged = {} if self._pending is None else self._pending[1]
-            merged.update(staged)
+            for name, op in staged.items():
+                merged[name] = [op] if op[0] is None else [*merged.get(name, []), op]
             self._pending = (version, merged)
 
     def apply_pending(self) -> bool:
@@ -350,20 +383,24 @@ class EmbeddedEngine:
                 pending, self._pending = self._pending, None
             if pending is None:
                 return False
-            version, tensors_P = pending
+            version, ops_P = pending
             t0 = time.perf_counter()
             written: set[int] = set()
+            elements = 0
             with torch.no_grad():
-                for name, tensor_P in tensors_P.items():
+                for name, ops in ops_P.items():
                     target_P = self._targets[name]
-                    if target_P.data_ptr() not in written:
-                        target_P.data.copy_(tensor_P)
+                    if target_P.data_ptr() not in written:  # tied parameters: once
+                        for op in ops:
+                            _write(target_P.data, *op)
+                            elements += op[1].numel()
                         written.add(target_P.data_ptr())
             self.version = version
             self._epoch += 1
             if self.prefix is not None:
                 self.prefix.clear()
             self.pauses.append(time.perf_counter() - t0)
+            self.written_elements.append(elements)
             return True
         finally:
             self._lock.release()

@@ -659,15 +659,27 @@ def _minority(
     return index.order(p_N, n_N, split_exp, spec)
 
 
-def encode_delta(parent: torch.Tensor, new: torch.Tensor, index: MinorityIndex | None = None) -> bytes:
+def encode_delta(
+    parent: torch.Tensor, new: torch.Tensor, index: MinorityIndex | None = None, update_parent: bool = False
+) -> bytes:
     """The delta blob that turns ``parent`` into ``new`` (same dtype and shape), bit-exact.
 
     ``index`` (optional) describes ``parent`` (see :class:`MinorityIndex`); it is advanced to
-    describe ``new``. The blob does not depend on it."""
+    describe ``new``. The blob does not depend on it. ``update_parent=True`` then writes the
+    changed elements into ``parent`` (a contiguous CPU tensor), so it equals ``new``: a sender
+    that keeps the previous version touches only what changed instead of copying the tensor."""
     spec = _spec(parent, "parent")
     if not isinstance(new, torch.Tensor) or new.dtype != parent.dtype or new.shape != parent.shape:
         got = f"{new.dtype} {tuple(new.shape)}" if isinstance(new, torch.Tensor) else type(new).__name__
         raise ValueError(f"new tensor {got} does not match parent {parent.dtype} {tuple(parent.shape)}")
+    if update_parent and (parent.device.type != "cpu" or not parent.is_contiguous()):
+        raise ValueError("update_parent=True needs the parent as a contiguous CPU tensor")
+    return _encode_delta(parent, new, spec, index, update_parent)
+
+
+def _encode_delta(
+    parent: torch.Tensor, new: torch.Tensor, spec: _Bits, index: MinorityIndex | None, update_parent: bool
+) -> bytes:
     head = _Header(KIND_DELTA, spec.code, tuple(parent.shape))
     p_N, n_N = _bits(parent, spec), _bits(new, spec)
     changed = _scan_changed(p_N, n_N)
@@ -684,6 +696,8 @@ def encode_delta(parent: torch.Tensor, new: torch.Tensor, index: MinorityIndex |
     n_minority_changed = int(np.searchsorted(vpos_C, order.n_minority))
     head.val_scheme, val = _encode_values(old_C, new_C, n_minority_changed, spec)
     head.n_minority, head.pos_len, head.val_len = order.n_minority, len(pos), len(val)
+    if update_parent:  # last: everything above reads the parent's bits
+        p_N[changed[0]] = changed[2]
     return head.pack(pos, val)
 
 
@@ -697,6 +711,21 @@ def decode_delta(
     describes ``parent`` (see :class:`MinorityIndex`) and is advanced to describe the result;
     after an error it is reset.
     """
+    return _decode_delta(parent, data, out, index)[0]
+
+
+def apply_delta(
+    parent: torch.Tensor, data: bytes, out: torch.Tensor | None = None, index: MinorityIndex | None = None
+) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`decode_delta`, also returning the flat indices of the elements that changed
+    (int64, each once, not sorted): a receiver that keeps a second copy in step (the live weights of a server
+    beside its staging copy) copies only those."""
+    return _decode_delta(parent, data, out, index)
+
+
+def _decode_delta(
+    parent: torch.Tensor, data: bytes, out: torch.Tensor | None, index: MinorityIndex | None
+) -> tuple[torch.Tensor, np.ndarray]:
     spec = _spec(parent, "parent")
     view = memoryview(data)
     head, offset = _read_header(view, KIND_DELTA)
@@ -707,7 +736,7 @@ def decode_delta(
         )
     target = _target(parent, out)
     p_N = _bits(parent, spec)
-    idx_C = new_C = None
+    idx_C, new_C = np.zeros(0, dtype=np.int64), None
     if head.n_changed > p_N.size or head.n_minority > p_N.size:
         raise ValueError(f"corrupted delta header: {head.n_changed} changed of {p_N.size} elements")
     if head.n_changed:
@@ -719,9 +748,9 @@ def decode_delta(
             raise
     if target.data_ptr() != parent.data_ptr() or target.device != parent.device:
         target.copy_(parent)
-    if idx_C is not None:
+    if new_C is not None:
         _bits(target, spec)[idx_C] = new_C
-    return _finish(target, out)
+    return _finish(target, out), idx_C.astype(np.int64, copy=False)
 
 
 def _decode_changes(

@@ -223,15 +223,13 @@ class WeightPublisher:
             def code(name: str) -> tuple[str, str, dict[str, bytes]]:
                 t = tensors[name].detach().to("cpu", self.dtype).contiguous()
                 blobs = {}
-                if parent is not None:
-                    blobs["delta"] = encode_delta(parent[name], t, index[name])
+                if parent is not None:  # the parent copy becomes t: only changed elements are written
+                    blobs["delta"] = encode_delta(parent[name], t, index[name], update_parent=True)
+                else:
+                    new_parent[name] = t.clone()
                 if with_snapshot:
                     blobs["snapshot"] = encode_snapshot(t)
                 digest = tensor_digest(t)
-                if parent is not None:
-                    parent[name].copy_(t)
-                else:
-                    new_parent[name] = t.clone()
                 return name, digest, blobs
 
             for name, digest, blobs in _ordered_map(code, list(tensors), self.workers):

@@ -5,8 +5,10 @@ reads ``weights/LATEST``; when it names a version newer than the one the sink se
 the cheapest verified path from the served version (:func:`~shipyard.weights.versions.reach`:
 a delta chain from the live weights, or a snapshot plus deltas), downloads the shards (resumable,
 into ``cache_dir``) and decodes them into staging buffers while the live weights keep serving,
-verifies every tensor's digest, then hands the tensors that changed to ``sink.stage``, which swaps
-them in place between decode steps and reports the pause. A missing object or digest mismatch
+verifies every tensor's digest, then hands the tensors that changed to ``sink.stage``, with the
+positions where each differs from the live copy (a delta step touches a fraction of a percent of a
+tensor at RL rates), so the engine copies only those elements in place between decode steps and
+the pause stays short; it reports the pause. A missing object or digest mismatch
 makes it fall back to another path (recorded in ``errors``); with no path left it keeps serving
 what it has and tries again on the next poll.
 
@@ -47,9 +49,12 @@ class WeightSink(Protocol):
     def version(self) -> int:
         """The version being served."""
 
-    def stage(self, version: int, tensors: dict[str, Any]) -> float | None:
+    def stage(
+        self, version: int, tensors: dict[str, Any], positions: Mapping[str, Any] | None = None
+    ) -> float | None:
         """Swap ``tensors`` in as ``version``; return once served, with the pause in seconds.
-        The tensors are not mutated by the caller until this returns."""
+        The tensors are not mutated by the caller until this returns. ``positions[name]`` (flat
+        int64 indices, or None) says the live tensor differs from ``tensors[name]`` only there."""
 
 
 class EngineSink:
@@ -66,9 +71,11 @@ class EngineSink:
     def version(self) -> int:
         return int(self.engine.version)
 
-    def stage(self, version: int, tensors: dict[str, Any]) -> float | None:
+    def stage(
+        self, version: int, tensors: dict[str, Any], positions: Mapping[str, Any] | None = None
+    ) -> float | None:
         n = len(self.engine.pauses)
-        self.engine.stage_weights(version, tensors, copy=False)
+        self.engine.stage_weights(version, tensors, copy=False, positions=positions)
         deadline = time.monotonic() + self.wait_s
         while self.engine.version != version:
             if not self.engine.apply_pending():
@@ -137,7 +144,12 @@ class WeightSubscriber:
             return False
         self.errors.extend(got.errors)
         ready = time.perf_counter()
-        pause = self.sink.stage(latest, {k: got.state[k] for k in got.changed})
+        # where live and staging hold the same dtype they differ only at the path's positions (an
+        # engine in another dtype holds rounded copies: it takes whole tensors)
+        positions = {
+            k: got.positions.get(k) if live[k].dtype == got.state[k].dtype else None for k in got.changed
+        }
+        pause = self.sink.stage(latest, {k: got.state[k] for k in got.changed}, positions)
         self._verified = True
         self._staging_version = latest if set(got.state) == set(live) else None
         self.adopted.append(

@@ -336,9 +336,11 @@ class VersionReader:
         base: Mapping[str, Any] | None,
         out: dict[str, Any] | None,
         base_digests: Mapping[str, str] | None = None,
+        positions: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Decode ``encoding`` of ``manifest`` (deltas against ``base``) into ``out`` (None: new
-        tensors); every tensor verified. Returns the decoded state by name."""
+        tensors); every tensor verified. Returns the decoded state by name. ``positions``, when
+        given, receives each tensor's changed flat indices (None for a snapshot: all of it)."""
         enc = manifest.encodings[encoding]
         names = set(manifest.tensors)
         if set(enc.ranges) != names or (encoding == "delta" and (base is None or set(base) != names)):
@@ -368,6 +370,7 @@ class VersionReader:
                         base_digests or {},
                         self.workers,
                         self.indexes,
+                        positions,
                     )
                 )
                 with self.stats.lock:
@@ -404,11 +407,11 @@ def _decode_many(
     base_digests: Mapping[str, str],
     workers: int,
     indexes: dict[str, Any],
+    positions: dict[str, Any] | None,
 ) -> dict[str, Any]:
     from shipyard.weights.codec import (
-        decode_delta,
+        apply_delta,
         decode_snapshot,
-        describe_blob,
         digest_matches,
         indexes_for,
     )
@@ -424,10 +427,14 @@ def _decode_many(
         target = None if out is None else out[name]
         if encoding == "delta":
             assert base is not None
-            t = decode_delta(base[name], blob, out=target, index=index[name])
-            if describe_blob(blob)["changed"] == 0 and base_digests.get(name) == entry.digest:
+            t, changed = apply_delta(base[name], blob, out=target, index=index[name])
+            if positions is not None:
+                positions[name] = changed
+            if changed.size == 0 and base_digests.get(name) == entry.digest:
                 return name, t  # the verified parent, copied bit for bit
         else:
+            if positions is not None:
+                positions[name] = None
             t = decode_snapshot(blob)
             if target is not None:
                 target.copy_(t)
@@ -456,6 +463,22 @@ class Reached:
     path: list[Step]
     errors: list[str]
     changed: set[str]
+    positions: dict[str, Any]
+    """Per tensor, the flat indices where the result differs from the base (int64 array), or None
+    where the whole tensor must be taken (a snapshot step, or no base)."""
+
+
+def _merge_positions(acc: dict[str, Any], step: dict[str, Any]) -> None:
+    """Fold one step's changed positions into those of the path so far (None: all)."""
+    import numpy as np
+
+    for name, pos in step.items():
+        if name not in acc:
+            acc[name] = pos
+        elif acc[name] is None or pos is None:
+            acc[name] = None
+        else:
+            acc[name] = np.union1d(acc[name], pos)
 
 
 def reach(
@@ -487,10 +510,13 @@ def reach(
         )
         state: Mapping[str, Any] | None = base
         step = None
+        positions: dict[str, Any] = {}
         try:
             for step in path:
                 m = manifests[step.version]
-                state = reader.apply(m, step.encoding, state, out, base_digests)
+                step_positions: dict[str, Any] = {}
+                state = reader.apply(m, step.encoding, state, out, base_digests, step_positions)
+                _merge_positions(positions, step_positions)
                 base_digests = {k: t.digest for k, t in m.tensors.items()}
                 if out is None:
                     out = dict(state)
@@ -500,7 +526,7 @@ def reach(
                 changed = set(final.tensors)  # the base was not used: every tensor is new
             else:
                 changed = {k for k, t in final.tensors.items() if prev.tensors.get(k, t).digest != t.digest}
-            return Reached(dict(state or {}), path, errors, changed)
+            return Reached(dict(state or {}), path, errors, changed, positions)
         except (FileNotFoundError, ValueError) as e:
             assert step is not None
             errors.append(f"version {step.version} {step.encoding}: {e}")

@@ -333,8 +333,9 @@ def reap_stale() -> int:
         m = _OWNED.match(name)
         path = os.path.join(tmp, name)
         if m and _dead(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
-            _release(_Resources(path, Cgroups()))
-            removed += 1
+            with contextlib.suppress(OSError):  # another process may be reaping it too
+                _release(_Resources(path, Cgroups()))
+                removed += 1
     return removed
 
 
@@ -561,14 +562,22 @@ def _release(res: _Resources) -> None:
     res.procs.clear()
     res.cgroups.remove()
 
-    def _onerror(func: Callable[..., object], path: str, _exc: object) -> None:
-        try:
+    shutil.rmtree(res.root, onerror=_rmtree_error)
+
+
+def _rmtree_error(func: Callable[..., object], path: str, exc: tuple[type, BaseException, object]) -> None:
+    """``shutil.rmtree``'s error hook for sandbox roots: what is already gone (another process
+    reaping the same stale root) is done; an entry the sandboxed code made unwritable (a directory
+    of mode 000) is made writable and removed again. Anything else stays, as ``ignore_errors``."""
+    if isinstance(exc[1], FileNotFoundError):
+        return
+    with contextlib.suppress(OSError):
+        if func in (os.unlink, os.remove, os.rmdir):
             os.chmod(os.path.dirname(path), 0o700)
             func(path)
-        except OSError:
-            pass
-
-    shutil.rmtree(res.root, onerror=_onerror)
+        elif os.path.isdir(path) and not os.path.islink(path) and os.stat(path).st_mode & 0o700 != 0o700:
+            os.chmod(path, 0o700)  # os.open / os.scandir of a directory we could not read: once more
+            shutil.rmtree(path, onerror=_rmtree_error)
 
 
 def _check_base(base: str) -> str:
