@@ -12,6 +12,10 @@ play the same held-out long tasks with the same seeds and the same window:
   evaluated truncating: the same training compute, no summaries;
 - `prompt_summaries`: the untrained base policy asked for summaries by the same prompt.
 `base_truncation` (the base policy, truncating) is reported for reference with `--base-truncation`.
+With `--warm-start DIR` every policy starts from a `shipyard warmstart` policy (supervised on a
+scripted expert's sessions through the same harness, `shipyard.agent.demonstrate`) instead of
+the base model: then `prompt_summaries` is that warm-started policy without RL, and the two
+trained conditions are RL on top of it; the warm start's report is stored under `warm_start`.
 Each condition's evaluation is written to `<workdir>/<condition>/heldout.json` as it finishes, and
 `--reuse` skips finished training runs and evaluations, so an interrupted run resumes.
 
@@ -178,7 +182,18 @@ def main() -> None:
     ap.add_argument("--base-truncation", action="store_true", help="also evaluate the base policy truncating")
     ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/long_horizon[_quick].json")
+    ap.add_argument(
+        "--warm-start",
+        default=None,
+        help="every policy starts from this `shipyard warmstart` directory (model.source=hf)",
+    )
     args = ap.parse_args()
+    if args.warm_start:
+        if not (Path(args.warm_start) / "warmstart.json").is_file():
+            raise SystemExit(
+                f"--warm-start {args.warm_start}: no warmstart.json; run `shipyard warmstart` first"
+            )
+        args.override = ["model.source=hf", f'model.path="{Path(args.warm_start).resolve()}"', *args.override]
     args.steps = args.steps or (2 if args.quick else 12)
     args.n_tasks = args.n_tasks or (6 if args.quick else 60)
     tmp = Path(args.workdir or ROOT / ("runs/long_horizon_quick" if args.quick else "runs/long_horizon"))
@@ -187,6 +202,8 @@ def main() -> None:
     res = run(args, tmp)
     out = report(res, _cfg(args, tmp, "report", "summarize", args.override), args)
     out["minutes"] = (time.time() - t0) / 60
+    if args.warm_start:
+        out["warm_start"] = json.loads((Path(args.warm_start) / "warmstart.json").read_text())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     console.print(f"wrote {args.out} ({out['minutes']:.1f} min)")

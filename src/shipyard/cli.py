@@ -1,4 +1,4 @@
-"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, each taking a TOML config and dotted overrides.
+"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, each taking a TOML config and dotted overrides.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -7,6 +7,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard eval configs/demo.toml eval.version=20 eval.label=demo
     shipyard serve configs/demo.toml inference.port=8000
     shipyard relay configs/demo.toml relay.mirror.root=/data/region-eu
+    shipyard warmstart configs/long.toml warmstart.output_dir=runs/long-sft
     shipyard train configs/demo.toml --dry-run
 """
 
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         ("eval", "pass@1 of a weight version on HumanEval and held-out tasks"),
         ("serve", "serve the policy over HTTP, following new weight versions"),
         ("relay", "mirror weight versions from the origin store into a region's store"),
+        ("warmstart", "fine-tune the policy on demonstrations before RL (long tasks)"),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("config", help="TOML config file (see configs/)")
@@ -53,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         from shipyard.eval.command import run_eval
 
         run_eval(cfg)
+    elif args.command == "warmstart":
+        from shipyard.orchestrate.warmstart import run_warmstart
+
+        report = run_warmstart(cfg)
+        print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
+        print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
     elif args.command == "relay":
         from shipyard.weights.relay import run_relay
 

@@ -466,6 +466,27 @@ class RelayConfig(_Section):
     """How often the relay polls the origin for a new version."""
 
 
+class WarmStartConfig(_Section):
+    """`shipyard warmstart`: supervised fine-tuning on demonstrations before RL (long tasks).
+
+    A scripted expert (`shipyard.agent.demonstrate`) plays training tasks through the real harness
+    (this config's agent, sampling limits, sandboxes and grader); the sessions that pass are the
+    data; the policy is trained on their sampled tokens (`shipyard.trainer.sft`, the top
+    `trainer.train_layers` blocks) and written as an HF directory that RL starts from
+    (`model.source = "hf"`, `model.path` = `output_dir`)."""
+
+    demos: int = Field(48, ge=1)
+    """Training tasks the expert plays (the first ones of the training split)."""
+    epochs: int = Field(2, ge=1)
+    """Passes over the demonstration segments."""
+    lr: float = Field(5e-5, gt=0.0)
+    """AdamW learning rate."""
+    micro_batch: int = Field(2, ge=1)
+    """Segments per optimizer step."""
+    output_dir: str = "runs/warmstart"
+    """Where the fine-tuned policy (config, safetensors, tokenizer) and `warmstart.json` are written."""
+
+
 class EvalConfig(_Section):
     heldout_n: int = Field(120, ge=1)
     """Held-out generated tasks evaluated before and after training."""
@@ -608,6 +629,8 @@ class ShipyardConfig(_Section):
     """Regional weight relay (`shipyard relay`)."""
     eval: EvalConfig = EvalConfig()
     """Evaluation."""
+    warmstart: WarmStartConfig = WarmStartConfig()
+    """Supervised warm start on demonstrations (`shipyard warmstart`)."""
     services: ServicesConfig = ServicesConfig()
     """Services tasks can declare (PostgreSQL)."""
     rewards: RewardsConfig = RewardsConfig()

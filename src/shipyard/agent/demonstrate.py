@@ -1,0 +1,99 @@
+"""Demonstrations for a warm start: a scripted expert plays long tasks through the real harness.
+
+Purpose: RL needs a policy that sometimes succeeds. SmolLM2-135M never solves a long task at
+base (0/16 at 2 and 4 modules: it does not read, or reads and never writes), so every session's
+reward is 0 and RL has no signal. A short supervised warm start on demonstrations of the harness's
+own protocol fixes that, as production pipelines do before RL.
+
+Contract: :class:`LongTaskExpert` is an :class:`~shipyard.inference.types.InferenceClient` for one
+long task (``shipyard.envs.long_tasks``). Each turn it reads the context it is given (the token
+ids the harness built, decoded) and answers as a careful agent would: a ``cat`` of the first module
+whose rule is not in its context yet; when every rule is, the complete ``solution.py``
+(:func:`~shipyard.envs.long_tasks.solution_from_rules`); when asked for a summary (the harness's
+summary instruction is in the context), one line per rule known so far, as code
+(:meth:`~shipyard.envs.long_tasks.ReadRule.note`). So a demonstration is a real session: the same
+prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.session.run_session`,
+real sandboxes, graded by the hidden tests), only the sampled tokens are the expert's.
+:func:`demonstrations` plays a task list and keeps the sessions that passed.
+
+Limits: long tasks only (the expert reads the rules the generator writes); it never guesses, so
+demonstrations show reading and summarizing, not recovering from mistakes; turn texts longer
+than a request's ``max_tokens`` are cut as the engine would (that session then fails and is
+dropped). Logprobs are 0 and versions -1: demonstrations are for supervised training, not for RL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.types import Trajectory
+from shipyard.envs.long_tasks import ReadRule, read_rule, solution_from_rules
+from shipyard.envs.types import Task
+from shipyard.inference.types import GenerateRequest, GenerateResult
+
+SUMMARY_LEAD = "Rules read so far, as code:"
+
+
+class LongTaskExpert:
+    """A scripted policy for one long task (module doc)."""
+
+    def __init__(self, task: Task, tokenizer: Any, summary_instruction: str) -> None:
+        if task.source != "long":
+            raise ValueError(f"task {task.id} is a {task.source!r} task; the expert plays long tasks only")
+        self.task, self.tok, self.instruction = task, tokenizer, summary_instruction
+        modules = sorted(n for n in task.files if n.startswith("part_") and n.endswith(".py"))
+        self.rules: list[ReadRule] = []
+        for name in modules:
+            rule = read_rule(task.files[name])
+            if rule is None:
+                raise ValueError(f"task {task.id}: {name} states no rule the expert can read")
+            self.rules.append(rule)
+
+    def version(self) -> int:
+        return -1
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return [self._turn(r) for r in requests]
+
+    def reply(self, context: str) -> tuple[str, bool]:
+        """(text, is a summary) of the expert's next turn given the context text."""
+        known = [r for r in self.rules if r.note() in context or _rule_text(r) in context]
+        if self.instruction in context:
+            return "\n".join([SUMMARY_LEAD, *(r.note() for r in known)]), True
+        missing = [r for r in self.rules if r not in known]
+        if missing:
+            return f"```bash\ncat {missing[0].module}.py\n```\n", False
+        return f"```python\n{solution_from_rules(self.task.entry_point, self.rules)}```\n", False
+
+    def _turn(self, request: GenerateRequest) -> GenerateResult:
+        text, summary = self.reply(self.tok.decode(request.prompt_ids, skip_special_tokens=False))
+        ids = self.tok(text, add_special_tokens=False).input_ids
+        finish = "eos" if summary else "stop"  # actions end at the stop string, as sampled turns do
+        if summary:
+            ids.append(self.tok.eos_token_id)
+        if len(ids) > request.params.max_tokens:
+            ids, finish = ids[: request.params.max_tokens], "length"
+        return GenerateResult(ids, [0.0] * len(ids), [-1] * len(ids), finish)
+
+
+def _rule_text(rule: ReadRule) -> str:
+    """How the module states the rule (what a ``cat`` shows)."""
+    where = "this module" if rule.home == rule.module else f"{rule.home}.py"
+    return "Rule: " + rule.rule.text.format(c=f"the constant `{rule.const}` defined in {where}")
+
+
+def demonstrations(spec: SessionSpec, tasks: list[Task], concurrency: int = 4) -> list[list[Trajectory]]:
+    """The expert's sessions (segments each) on ``tasks`` through ``spec``'s harness, sandboxes
+    and grader (``spec.client`` is replaced by each task's expert); only sessions that passed
+    every hidden test (reward 1, no error) are returned."""
+
+    def one(task: Task) -> list[Trajectory]:
+        expert = LongTaskExpert(task, spec.frame.tok, spec.agent.summary.instruction)
+        return run_session(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
+
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="demo") as pool:
+        sessions = list(pool.map(one, tasks))
+    return [s for s in sessions if s[-1].error is None and s[-1].reward >= 1.0]

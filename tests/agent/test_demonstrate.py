@@ -1,0 +1,125 @@
+"""Warm start: the scripted expert plays long tasks through the real harness (sandboxes, summaries,
+grader), supervised fine-tuning learns its tokens, and `shipyard warmstart` writes a loadable policy."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from shipyard.agent.demonstrate import SUMMARY_LEAD, LongTaskExpert, demonstrations
+from shipyard.agent.types import Trajectory
+from shipyard.cli import main
+from shipyard.config import load_config
+from shipyard.config.schema import ModelConfig
+from shipyard.envs.long_tasks import RULES, long_tasks, read_rule, solution_from_rules
+from shipyard.envs.sandbox import sandbox_available
+from shipyard.models.loading import load_model
+from shipyard.orchestrate.components import session_spec
+from shipyard.trainer.sft import sft
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+
+
+def _run(task_files: dict[str, str], solution: str, entry: str, x: int) -> int:
+    """``solution`` run in-process with the task's modules importable (no sandbox needed)."""
+    import sys
+
+    for name, src in task_files.items():
+        mod = types.ModuleType(name.removesuffix(".py"))
+        exec(src, mod.__dict__)
+        sys.modules[mod.__name__] = mod
+    scope: dict[str, object] = {}
+    exec(solution, scope)
+    return scope[entry](x)  # type: ignore[operator]
+
+
+def test_rules_are_read_back_and_the_solution_matches_the_reference() -> None:
+    tasks = long_tasks(12, seed=5, modules=6) + long_tasks(4, seed=5, modules=3, local_constants=True)
+    seen = set()
+    for t in tasks:
+        rules = [read_rule(t.files[f"part_{j:02d}.py"]) for j in range(len(t.files))]
+        assert all(r is not None for r in rules)
+        seen |= {r.rule.key for r in rules if r is not None}
+        sol = solution_from_rules(t.entry_point, [r for r in rules if r is not None])
+        ref: dict[str, object] = {}
+        exec(t.reference, ref)
+        for x in (0, -7, 13, 250, 12345):
+            assert _run(t.files, sol, t.entry_point, x) == ref[t.entry_point](x), (t.id, x)  # type: ignore[operator]
+    assert seen == {r.key for r in RULES}, "every kind of rule was parsed"
+    assert read_rule('"""part_00: stage 1 of 4.\n\nRule: add the con') is None  # a cut module
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[object, list[list[Trajectory]]]:
+    cfg = load_config(ROOT / "configs/long.toml", ["model.source=tiny"])
+    _, tok = load_model(cfg.model)
+    tasks = long_tasks(3, seed=2, modules=4, filler_lines=2)
+    spec = session_spec(cfg, LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction), tok)
+    return spec, demonstrations(spec, tasks)
+
+
+@needs_sandbox
+def test_expert_sessions_read_each_module_once_summarize_and_pass(demo) -> None:
+    spec, sessions = demo
+    assert len(sessions) == 3, "every demonstration passed the hidden tests"
+    tok = spec.frame.tok
+    for segments in sessions:
+        assert len(segments) >= 2 and all(s.reward == 1.0 and s.error is None for s in segments)
+        assert [s.finish for s in segments] == ["summary"] * (len(segments) - 1) + ["passed"]
+        reads = []
+        for s in segments:
+            sampled = tok.decode([t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m])
+            reads += re.findall(r"cat (part_\d+)\.py", sampled)
+            assert len(s.token_ids) <= spec.agent.max_session_tokens
+            if s.finish == "summary":
+                assert SUMMARY_LEAD in sampled and s.summary_tokens > 0
+        assert reads == [f"part_{j:02d}" for j in range(4)], "each module read once, in order"
+        last = tok.decode(
+            [t for t, m in zip(segments[-1].token_ids, segments[-1].loss_mask, strict=True) if m]
+        )
+        assert "```python\nfrom part_" in last and "return x" in last
+
+
+@needs_sandbox
+def test_sft_learns_the_demonstrations_and_trains_only_the_top_layers(demo) -> None:
+    _, sessions = demo
+    segments = [s for session in sessions for s in session]
+    model, _ = load_model(ModelConfig(source="tiny"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    losses = sft(model, segments, epochs=4, lr=3e-3, micro_batch=4, train_layers=1)
+    # a random tiny model with one trainable block and a frozen (tied) head: ~10.7 -> ~10.2 nats
+    assert len(losses) == 4 and losses == sorted(losses, reverse=True) and losses[0] - losses[-1] > 0.3
+    after = model.state_dict()
+    top = f"model.layers.{model.config.num_hidden_layers - 1}."
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith(top) or k == "model.norm.weight" for k in changed), sorted(changed)[
+        :3
+    ]
+    empty = Trajectory("t", "g", 0, [1, 2], [0, 0], [0.0, 0.0], [-1, -1], prompt_len=2)
+    with pytest.raises(ValueError, match="no segment"):
+        sft(model, [empty])
+
+
+@needs_sandbox
+def test_warmstart_command_writes_a_loadable_policy(tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    args = [
+        "model.source=tiny",
+        "tasks.num_generated=40",
+        "trainer.train_layers=1",
+        "trainer.bf16_decoder=false",
+    ]
+    args += ["warmstart.demos=2", "warmstart.epochs=1", f'warmstart.output_dir="{out}"']
+    assert main(["warmstart", str(ROOT / "configs/long.toml"), *args]) == 0
+    report = json.loads((out / "warmstart.json").read_text())
+    assert report["demos_played"] == report["demos_kept"] == 2 and report["segments"] >= 4
+    loaded, _ = load_model(ModelConfig(source="hf", path=str(out)))
+    tiny, _ = load_model(ModelConfig(source="tiny"))
+    diff = [k for k, v in tiny.state_dict().items() if not torch.equal(v, loaded.state_dict()[k])]
+    assert diff and not list(tmp_path.glob(".sft-*")), "trained weights written, no temporary left"
