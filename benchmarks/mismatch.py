@@ -34,6 +34,13 @@ Writes ``benchmarks/results/mismatch.json`` with ``moe_k3_no_replay``, ``moe_k3_
 ``deterministic_slowdown``, the variants' figures, ``*_tokens_per_s_ratio`` (fp32 head / plain)
 and the details; prints rich tables.
 
+Routing sweep (``--sweep``, writes ``benchmarks/results/mismatch_sweep.json`` instead): the tiny
+MoE with each router shape of :data:`SWEEP_SHAPES` (top-1 of 8, top-2 of 8, top-8 of 64, top-4 of
+32, the same active MLP width), trained the same steps, sampled by the fp32-head and plain bf16
+samplers; k3 without/with replay, the reduction with a 95% bootstrap interval over requests, routing
+disagreement, and k3 split by whether the position predicting a token was routed differently by the
+trainer (:func:`flip_split`): what a flip costs, and how much of the mismatch flips carry.
+
 Limits: CPU here (``--device cuda`` for a GPU run, recorded with its name); tiny models, so
 absolute figures are small-model figures; the timings share the machine with other work.
 
@@ -41,6 +48,8 @@ Usage::
 
     .venv/bin/python benchmarks/mismatch.py            # 200 training steps, 48 samples per model, all
     .venv/bin/python benchmarks/mismatch.py --quick    # 20 steps, 8 samples, 3 samplers, no breakdown
+    .venv/bin/python benchmarks/mismatch.py --sweep    # router-shape sweep, 300 steps, 64 x 32 tokens
+    .venv/bin/python benchmarks/mismatch.py --sweep --quick  # 3 shapes, 50 steps, 16 x 16 tokens
 """
 
 from __future__ import annotations
@@ -48,24 +57,27 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import platform
 import random
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch import Tensor
 
 from shipyard.config.schema import InferenceConfig, ModelConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.models.precision import cast_for_sampling
-from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
+from shipyard.models.router_replay import RouterSeam, moe_routers, route_mismatch, route_plan
 from shipyard.trainer.corrections import no_correction
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.mismatch import MismatchAccumulator
@@ -95,9 +107,12 @@ def compact_vocab(train: list[int], heldout: list[int], size: int) -> tuple[list
     return [table.get(t, 3) for t in train], [table.get(t, 3) for t in heldout]
 
 
-def bench_model(kind: str, vocab: int, seed: int) -> Any:
+def bench_model(
+    kind: str, vocab: int, seed: int, shape: tuple[int, int, int, bool] = (8, 2, 64, True)
+) -> Any:
     """The benchmark's tiny models: 4 layers, hidden 128; MoE 8 experts top-2 of width 64 in every
-    layer (Qwen3-MoE), dense MLP of width 128 (Llama): the same active MLP width per token."""
+    layer (Qwen3-MoE), dense MLP of width 128 (Llama): the same active MLP width per token.
+    ``shape`` = (experts, top-k, expert width, ``norm_topk_prob``) of the MoE (the sweep's)."""
     from transformers import AutoModelForCausalLM
 
     from shipyard.models.loading import tiny_config
@@ -105,7 +120,8 @@ def bench_model(kind: str, vocab: int, seed: int) -> Any:
     cfg = tiny_config(kind, vocab)
     cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = 128, 4, 128
     if kind == "moe":
-        cfg.moe_intermediate_size, cfg.head_dim = 64, 32
+        cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob = shape
+        cfg.head_dim = 32
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -179,6 +195,20 @@ def sample_varied(engine: EmbeddedEngine, reqs: list[GenerateRequest], seed: int
     return [out[i] for i in range(len(reqs))]
 
 
+def micro_batches(
+    reqs: list[GenerateRequest], results: list[GenerateResult], micro: int
+) -> Iterator[tuple[list[GenerateResult], Tensor, Tensor, Tensor, Tensor]]:
+    """Right-padded trainer batches of ``micro`` sampled sequences: ``(results, ids_BT, attn_BT,
+    mask_BT, mu_BT)``, the mask on the sampled tokens, μ the sampler's logprobs there."""
+    for s in range(0, len(reqs), micro):
+        rq, rs = reqs[s : s + micro], results[s : s + micro]
+        pairs = list(zip(rq, rs, strict=True))
+        ids_BT, attn_BT = pad_batch([q.prompt_ids + r.token_ids for q, r in pairs], pad_id=0)
+        mask_BT = pad_ints([[0] * len(q.prompt_ids) + [1] * len(r.token_ids) for q, r in pairs]) == 1
+        mu_BT = pad_floats([[0.0] * len(q.prompt_ids) + r.logprobs for q, r in pairs])
+        yield rs, ids_BT, attn_BT, mask_BT, mu_BT
+
+
 def trainer_mismatch(
     model: Any,
     reqs: list[GenerateRequest],
@@ -190,17 +220,7 @@ def trainer_mismatch(
     seam = RouterSeam(model) if replay is not None else None
     acc = MismatchAccumulator()
     try:
-        for s in range(0, len(reqs), micro):
-            rq, rs = reqs[s : s + micro], results[s : s + micro]
-            seqs = [q.prompt_ids + r.token_ids for q, r in zip(rq, rs, strict=True)]
-            ids_BT, attn_BT = pad_batch(seqs, pad_id=0)
-            mask_BT = (
-                pad_ints(
-                    [[0] * len(q.prompt_ids) + [1] * len(r.token_ids) for q, r in zip(rq, rs, strict=True)]
-                )
-                == 1
-            )
-            mu_BT = pad_floats([[0.0] * len(q.prompt_ids) + r.logprobs for q, r in zip(rq, rs, strict=True)])
+        for rs, ids_BT, attn_BT, mask_BT, mu_BT in micro_batches(reqs, results, micro):
             with torch.no_grad():
                 if seam is None:
                     old_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
@@ -539,6 +559,270 @@ def five_digits(result: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(result), parse_float=lambda text: float(f"{float(text):.5g}"))
 
 
+SWEEP_SHAPES: dict[str, tuple[str, tuple[int, int, int, bool]]] = {
+    "e8_k1": ("top-1 of 8 (Switch-like)", (8, 1, 128, False)),
+    "e8_k2": ("top-2 of 8 (Mixtral-like, headline)", (8, 2, 64, True)),
+    "e64_k8": ("top-8 of 64 (Qwen3/DeepSeek-like)", (64, 8, 16, True)),
+    "e32_k4": ("top-4 of 32", (32, 4, 32, True)),
+}
+"""Router shapes of ``--sweep``, by result key: (label, :func:`bench_model` shape = experts, top-k,
+expert width, ``norm_topk_prob``). Expert widths keep the active MLP width at 128 per token. Top-1
+uses Switch's gating (the softmax probability, not renormalised: renormalised, a single expert's
+weight is always 1 and the router learns nothing from the LM loss); the others renormalise the
+top-k weights (Mixtral, Qwen3-MoE, DeepSeek-V3)."""
+
+SWEEP_SAMPLERS = ("fp32head_", "")
+
+
+def predicting_flips(own_BTLK: Tensor, plan_BTLK: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token ``[B, T]``: whether the position predicting it (``t - 1``, whose hidden state gives
+    its logprob) was routed differently from the plan in any MoE layer, and whether that or any
+    earlier position was (a flip reaches later tokens through attention). Unplanned positions never
+    flip."""
+    B, T, L, K = plan_BTLK.shape
+    planned_BTL = plan_BTLK[..., 0] >= 0
+    differ_BTL = route_mismatch(own_BTLK.reshape(-1, K), plan_BTLK.reshape(-1, K)).reshape(B, T, L) > 0
+    at_BT = (differ_BTL & planned_BTL).any(dim=-1)
+    flip_BT = torch.zeros_like(at_BT)
+    flip_BT[:, 1:] = at_BT[:, :-1]
+    return flip_BT, flip_BT.int().cummax(dim=1).values.bool()
+
+
+def token_mismatch(
+    model: Any, reqs: list[GenerateRequest], results: list[GenerateResult], micro: int = 8
+) -> dict[str, Tensor]:
+    """Per sampled token (N): k3 of the fp32 trainer without and with replay, the flips of
+    :func:`predicting_flips` under the trainer's own routing, and the index of its request."""
+    seam = RouterSeam(model)
+    parts: dict[str, list[Tensor]] = {k: [] for k in ("k3_no", "k3_replay", "flip", "flip_before", "request")}
+    try:
+        for index, (rs, ids_BT, attn_BT, mask_BT, mu_BT) in enumerate(micro_batches(reqs, results, micro)):
+            plan_BTLK = route_plan([r.routes for r in rs], ids_BT.shape[1], seam)
+            seam.record = True  # without replay, the experts used are the trainer's own choice
+            with torch.no_grad(), seam.plan(plan_BTLK, replay=False):
+                no_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+            own_BTLK = torch.stack([r for r in seam.recorded if r is not None], dim=1).long()
+            flip_BT, before_BT = predicting_flips(own_BTLK.reshape(plan_BTLK.shape), plan_BTLK)
+            seam.record = False
+            with torch.no_grad(), seam.plan(plan_BTLK, replay=True):
+                replay_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+            for key, lp_BT in (("k3_no", no_BT), ("k3_replay", replay_BT)):
+                log_rho_N = (lp_BT.double() - mu_BT.double())[mask_BT]
+                parts[key].append(torch.expm1(log_rho_N) - log_rho_N)
+            parts["flip"].append(flip_BT[mask_BT])
+            parts["flip_before"].append(before_BT[mask_BT])
+            rows_BT = torch.arange(ids_BT.shape[0])[:, None].expand_as(mask_BT) + index * micro
+            parts["request"].append(rows_BT[mask_BT])
+        return {k: torch.cat(v) for k, v in parts.items()}
+    finally:
+        seam.remove()
+
+
+def bootstrap_ratio_ci(
+    num_N: Tensor, den_N: Tensor, group_N: Tensor, rounds: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of ``sum(num) / sum(den)``, resampling whole groups (the
+    requests: a sequence's tokens are not independent) with replacement."""
+    _, inverse_N = group_N.unique(return_inverse=True)
+    groups = int(inverse_N.max()) + 1
+    num_G = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse_N, num_N.double())
+    den_G = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse_N, den_N.double())
+    pick_RG = torch.randint(groups, (rounds, groups), generator=torch.Generator().manual_seed(seed))
+    ratio_R = num_G[pick_RG].sum(dim=1) / den_G[pick_RG].sum(dim=1)
+    low, high = torch.quantile(ratio_R, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    return float(low), float(high)
+
+
+def flip_split(tokens: dict[str, Tensor]) -> dict[str, float]:
+    """Mean k3 (without and with replay) of the tokens whose predicting position flipped, of those
+    whose did not, of those that did not but follow a flip, and of clean ones (no flip up to them);
+    their shares of the tokens and of the no-replay k3 mass. Empty groups give None."""
+    groups = {
+        "flip": tokens["flip"],
+        "noflip": ~tokens["flip"],
+        "after_flip": tokens["flip_before"] & ~tokens["flip"],
+        "clean": ~tokens["flip_before"],
+    }
+    total = float(tokens["k3_no"].sum())
+    out: dict[str, Any] = {}
+    for name, sel_N in groups.items():
+        n = int(sel_N.sum())
+        out[f"{name}_token_frac"] = n / sel_N.numel()
+        out[f"{name}_k3_no_replay"] = float(tokens["k3_no"][sel_N].mean()) if n else None
+        out[f"{name}_k3_replay"] = float(tokens["k3_replay"][sel_N].mean()) if n else None
+        out[f"{name}_k3_mass_frac"] = float(tokens["k3_no"][sel_N].sum()) / total if total > 0 else None
+    return out
+
+
+def sweep_figures(
+    model: Any, reqs: list[GenerateRequest], results: list[GenerateResult], seed: int
+) -> dict[str, Any]:
+    """One sampler's figures in the sweep: k3 without/with replay, its reduction with a bootstrap
+    CI over requests, routing disagreement, and the per-flip split of :func:`flip_split`."""
+    no = trainer_mismatch(model, reqs, results, replay=False)
+    yes = trainer_mismatch(model, reqs, results, replay=True)
+    tokens = token_mismatch(model, reqs, results)
+    assert abs(float(tokens["k3_no"].mean()) - no["k3"]) <= 1e-9 + 1e-6 * no["k3"], "per-token k3 path"
+    low, high = bootstrap_ratio_ci(tokens["k3_no"], tokens["k3_replay"], tokens["request"], seed=seed)
+    return {
+        "k3_no_replay": no["k3"],
+        "k3_replay": yes["k3"],
+        "k3_reduction": no["k3"] / yes["k3"] if yes["k3"] > 0 else None,
+        "k3_reduction_ci95": [low, high],
+        "k3_p99_no_replay": no["k3_p99"],
+        "k3_p99_replay": yes["k3_p99"],
+        "routing_disagreement_no_replay": no["route_disagree"],
+        "routing_disagreement_replay": yes["route_disagree"],
+        "positions_any_flip_no_replay": no["route_token_disagree"],
+        "sampled_tokens": int(tokens["k3_no"].numel()),
+        **flip_split(tokens),
+    }
+
+
+def sweep_shape(
+    key: str, steps: int, args: argparse.Namespace, data: tuple[list[int], list[int]], tok: Any
+) -> dict[str, Any]:
+    """Train the tiny MoE of router shape ``key`` (:data:`SWEEP_SHAPES`) ``steps`` steps, then
+    sample with each of :data:`SWEEP_SAMPLERS` and compare with the fp32 trainer."""
+    label, shape = SWEEP_SHAPES[key]
+    model = bench_model("moe", args.vocab, args.seed, shape)
+    t0 = time.perf_counter()
+    losses = train_briefly(model, data[0], steps, 128, 8, args.seed)
+    model.eval().to(args.device)
+    out: dict[str, Any] = {
+        "label": label,
+        "experts": shape[0],
+        "top_k": shape[1],
+        "expert_width": shape[2],
+        "norm_topk_prob": shape[3],
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_steps": steps,
+        "train_loss_first_last": [losses[0], sum(losses[-10:]) / len(losses[-10:])],
+        "train_s": time.perf_counter() - t0,
+        "expert_usage_entropy_bits": expert_entropy(model, data[1]),
+        "expert_usage_entropy_max_bits": math.log2(shape[0]),
+    }
+    reqs = make_requests(data[1], args.samples, args.max_tokens, args.seed)
+    for prefix in SWEEP_SAMPLERS:
+        engine = EmbeddedEngine(sampler_model(model, prefix), tok, max_batch=8)
+        results = sample_varied(engine, reqs, args.seed)
+        out[prefix or "plain_bf16_"] = sweep_figures(model, reqs, results, args.seed)
+    return out
+
+
+def _fmt(value: float | None, spec: str = ".2e") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def sweep_table(runs: dict[str, dict[str, Any]]) -> Table:
+    t = Table(
+        title="Router replay by MoE router shape: bf16 sampler (varied batches) vs fp32 trainer, k3 mismatch"
+    )
+    cols = (
+        "shape",
+        "steps",
+        "usage H bits",
+        "sampler",
+        "k3 no replay",
+        "k3 replay",
+        "reduction [95% CI]",
+        "disagree /decision",
+        "tokens flipped",
+        "k3 flipped no→replay",
+        "k3 not flipped no→replay",
+        "flipped k3 share",
+    )
+    for col in cols:
+        t.add_column(col, justify="right")
+    for run in runs.values():
+        for prefix in SWEEP_SAMPLERS:
+            m = run[prefix or "plain_bf16_"]
+            low, high = m["k3_reduction_ci95"]
+            t.add_row(
+                f"top-{run['top_k']} of {run['experts']}",
+                str(run["train_steps"]),
+                f"{run['expert_usage_entropy_bits']:.2f}/{run['expert_usage_entropy_max_bits']:.0f}",
+                "fp32 head" if prefix else "plain",
+                _fmt(m["k3_no_replay"]),
+                _fmt(m["k3_replay"]),
+                f"{_fmt(m['k3_reduction'], '.2f')}x [{low:.2f}, {high:.2f}]",
+                _fmt(m["routing_disagreement_no_replay"], ".4f"),
+                _fmt(m["flip_token_frac"], ".3f"),
+                f"{_fmt(m['flip_k3_no_replay'])}→{_fmt(m['flip_k3_replay'])}",
+                f"{_fmt(m['noflip_k3_no_replay'])}→{_fmt(m['noflip_k3_replay'])}",
+                _fmt(m["flip_k3_mass_frac"], ".2f"),
+            )
+    return t
+
+
+def sweep_result(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The sweep's JSON: the reductions at a glance, every run, the config and the machine."""
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
+    keys = ("quick", "shapes", "sweep_steps", "samples", "max_tokens", "seed", "vocab")
+    return {
+        "k3_reduction": {
+            name: {p or "plain_bf16_": run[p or "plain_bf16_"]["k3_reduction"] for p in SWEEP_SAMPLERS}
+            for name, run in runs.items()
+        },
+        "runs": runs,
+        "complete": len(runs) == len(args.shapes) * len(args.sweep_steps),
+        "config": {k: getattr(args, k) for k in keys},
+        "machine": machine_line(device, args.threads),
+    }
+
+
+def run_sweep(args: argparse.Namespace, console: Console) -> None:
+    """``--sweep``: every shape of ``args.shapes`` at every step count of ``args.sweep_steps``; the
+    JSON is rewritten after each run (``complete`` false until the last), so a cut run keeps its part."""
+    _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
+    data = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
+    out = Path(args.out or "benchmarks/results/mismatch_sweep.json")
+    runs: dict[str, dict[str, Any]] = {}
+    for key in args.shapes:
+        for steps in args.sweep_steps:
+            runs[f"{key}@{steps}"] = run = sweep_shape(key, steps, args, data, tok)
+            console.print(
+                f"{key} {steps} steps: trained in {run['train_s']:.0f}s, loss "
+                f"{run['train_loss_first_last'][1]:.2f}, usage entropy {run['expert_usage_entropy_bits']:.2f}"
+                f" bits; fp32head k3 reduction {_fmt(run['fp32head_']['k3_reduction'], '.2f')}x"
+            )
+            write_json(out, sweep_result(runs, args), console)
+    console.print(sweep_table(runs))
+
+
+def sweep_main(args: argparse.Namespace) -> None:
+    """``--sweep`` defaults (full: every shape at 300 steps, 64 requests x 32 tokens; quick: the
+    three required shapes at 50 steps, 16 x 16), then :func:`run_sweep`."""
+    quick_shapes = ("e8_k1", "e8_k2", "e64_k8")
+    args.shapes = (args.shapes or ",".join(quick_shapes if args.quick else SWEEP_SHAPES)).split(",")
+    args.sweep_steps = [int(s) for s in (args.sweep_steps or ("50" if args.quick else "300")).split(",")]
+    args.samples = args.samples or (16 if args.quick else 64)
+    args.max_tokens = args.max_tokens or (16 if args.quick else 32)
+    unknown = [s for s in args.shapes if s not in SWEEP_SHAPES]
+    if unknown:
+        raise ValueError(f"--shapes: unknown {unknown}; choose from {list(SWEEP_SHAPES)}")
+    if min(*args.sweep_steps, args.samples, args.max_tokens) < 1 or args.samples < 2:
+        raise ValueError("--sweep-steps and --max-tokens must be >= 1, --samples >= 2 (the bootstrap)")
+    torch.set_num_threads(args.threads)
+    run_sweep(args, Console(width=None if Console().is_terminal else 200))
+
+
+def machine_line(device: str, threads: int) -> str:
+    return (
+        f"{device}, {os.cpu_count()} CPUs, {threads} threads, torch {torch.__version__}, "
+        f"python {platform.python_version()}, load avg {os.getloadavg()[0]:.1f}"
+    )
+
+
+def write_json(out: Path, result: dict[str, Any], console: Console) -> None:
+    """Write ``result`` (5 significant digits) to ``out`` atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(five_digits(result), indent=1) + "\n")
+    tmp.replace(out)
+    console.print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 training steps, 8 samples (about a minute idle)")
@@ -557,7 +841,20 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096, help="compact vocabulary size of the tiny models")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--out", default="benchmarks/results/mismatch.json")
+    ap.add_argument(
+        "--out", default=None, help="mismatch.json (--sweep: mismatch_sweep.json) in benchmarks/results"
+    )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="router-shape sweep instead (SWEEP_SHAPES x --sweep-steps; writes mismatch_sweep.json)",
+    )
+    ap.add_argument("--shapes", default=None, help=f"--sweep: comma-separated of {list(SWEEP_SHAPES)}")
+    ap.add_argument(
+        "--sweep-steps",
+        default=None,
+        help="--sweep: comma-separated training steps (default 150,600; quick 20)",
+    )
     ap.add_argument(
         "--samplers",
         default=None,
@@ -577,6 +874,9 @@ def main() -> None:
         help="held-out prompts sampled on SmolLM2-135M for its fp32-head figures (default 16, quick 0 = off)",
     )
     args = ap.parse_args()
+    if args.sweep:
+        sweep_main(args)
+        return
     if args.smollm2 is None:
         args.smollm2 = 0 if args.quick else 16
     if args.breakdown is None:
@@ -631,15 +931,9 @@ def main() -> None:
                 "breakdown",
             )
         },
-        "machine": f"{device}, {os.cpu_count()} CPUs, {args.threads} threads, torch {torch.__version__}, "
-        f"python {platform.python_version()}, load avg {os.getloadavg()[0]:.1f}",
+        "machine": machine_line(device, args.threads),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(five_digits(result), indent=1) + "\n")
-    tmp.replace(out)
-    console.print(f"wrote {out}")
+    write_json(Path(args.out or "benchmarks/results/mismatch.json"), result, console)
 
 
 if __name__ == "__main__":
