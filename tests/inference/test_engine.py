@@ -278,29 +278,30 @@ def test_stage_and_apply_when_idle(dense: tuple[Any, Any]) -> None:
     assert res.versions == [5, 5, 5]
 
 
-def test_sparse_staged_writes_apply_in_order() -> None:
-    """Positions stage only the elements a delta changed; queued updates apply in order (a later
-    write to the same element wins, a whole tensor resets what came before it); any strides."""
+def test_sparse_staged_writes_merge_against_the_live_weights() -> None:
+    """Positions stage only the elements a delta changed, relative to the live weights. An update
+    staged while an earlier one is still queued also takes the elements that one would write (all
+    of them after a whole tensor), so live ends bit-exact at the newest version; any strides."""
     model, tok = _tiny("dense", seed=0)
     engine = EmbeddedEngine(model, tok, version=0)
-    norm = model.model.norm.weight
+    norm, name = model.model.norm.weight, "model.norm.weight"
     n = norm.numel()
-    src = torch.arange(n, dtype=torch.float32)
-    engine.stage_weights(1, {"model.norm.weight": src}, positions={"model.norm.weight": np.array([0, 5])})
-    engine.stage_weights(2, {"model.norm.weight": -src}, positions={"model.norm.weight": np.array([5, 7])})
-    src[0] = 99.0  # taken at staging: later changes of the caller's tensor do not leak in
-    assert engine.apply_pending() and engine.version == 2 and engine.written_elements[-1] == 4
-    want = torch.ones(n)
-    want[[0, 5, 7]] = torch.tensor([0.0, -5.0, -7.0])
-    assert torch.equal(norm.detach(), want)
-    engine.stage_weights(
-        3, {"model.norm.weight": torch.full((n,), 2.0)}, positions={"model.norm.weight": None}
-    )
-    engine.stage_weights(4, {"model.norm.weight": src}, positions={"model.norm.weight": torch.tensor([1])})
-    assert engine.apply_pending() and engine.written_elements[-1] == n + 1
-    want = torch.full((n,), 2.0)
-    want[1] = 1.0
-    assert torch.equal(norm.detach(), want)
+    v0 = norm.detach().clone()
+    v1, v2 = v0.clone(), v0.clone()
+    v1[[0, 5]] = torch.tensor([3.0, 4.0])  # differs from the live v0 at 0 and 5
+    v2[[5, 7]] = torch.tensor([-5.0, -7.0])  # differs from the live v0 at 5 and 7 (not at 0)
+    engine.stage_weights(1, {name: v1}, positions={name: np.array([0, 5])})
+    engine.stage_weights(2, {name: v2}, positions={name: np.array([5, 7])})
+    want = v2.clone()
+    v2[7] = 99.0  # taken at staging: later changes of the caller's tensor do not leak in
+    assert engine.apply_pending() and engine.version == 2 and engine.written_elements[-1] == 3
+    assert torch.equal(norm.detach(), want), "element 0 is back at v0's value, as in v2"
+    v3, v4 = torch.full((n,), 2.0), want.clone()
+    v4[1] = 8.0  # differs from the live v2 at 1 only
+    engine.stage_weights(3, {name: v3}, positions={name: None})
+    engine.stage_weights(4, {name: v4}, positions={name: torch.tensor([1])})
+    assert engine.apply_pending() and engine.written_elements[-1] == n
+    assert torch.equal(norm.detach(), v4), "the queued whole tensor is replaced by the whole v4"
     strided = torch.zeros(4, 6).t()  # not contiguous: flat positions are row-major in its shape
     _write(strided, torch.tensor([0, 7, 23]), torch.tensor([1.0, 2.0, 3.0]))
     assert strided.reshape(-1)[[0, 7, 23]].tolist() == [1.0, 2.0, 3.0] and float(strided.sum()) == 6.0

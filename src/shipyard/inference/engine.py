@@ -173,6 +173,14 @@ _WeightOp = tuple[torch.Tensor | None, torch.Tensor]
 """A staged write to one parameter: (None, whole tensor) or (flat indices, their values)."""
 
 
+def _take(target_P: torch.Tensor, tensor: torch.Tensor, idx_C: torch.Tensor | None, copy: bool) -> _WeightOp:
+    """The staged write of ``tensor`` into ``target_P``: whole, or its elements at flat ``idx_C``."""
+    if idx_C is None:
+        return None, tensor.detach().to(device=target_P.device, dtype=target_P.dtype, copy=copy)
+    values_C = tensor.detach().reshape(-1)[idx_C.to(tensor.device)]
+    return idx_C, values_C.to(device=target_P.device, dtype=target_P.dtype)
+
+
 def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Tensor) -> None:
     """Apply one staged write in place (any strides: indices are flat, row-major)."""
     if idx_C is None:
@@ -303,7 +311,7 @@ class EmbeddedEngine:
         self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self._lock = threading.RLock()
         self._stage_lock = threading.Lock()
-        self._pending: tuple[int, dict[str, list[_WeightOp]]] | None = None
+        self._pending: tuple[int, dict[str, _WeightOp]] | None = None
 
     @staticmethod
     def _route_seam(model: Any, record_routes: bool | None) -> RouterSeam | None:
@@ -340,12 +348,14 @@ class EmbeddedEngine:
     ) -> None:
         """Queue ``state_dict`` (all or some parameters) as ``version``; applied at the next step boundary.
 
-        Staged updates that have not been applied yet merge (applied in order), so partial
+        Staged updates that have not been applied yet merge (later tensors win), so partial
         updates are never lost. ``copy=True`` snapshots the tensors now, so the caller may keep
         changing its own; ``copy=False`` only converts dtype/device and the caller must not mutate
         them. ``positions[name]`` (flat int64 indices, numpy or torch; None = all) says the live
         tensor differs from ``state_dict[name]`` only there: just those elements are taken now and
-        written at the boundary, so the pause scales with what changed, not with the model.
+        written at the boundary, so the pause scales with what changed, not with the model. A
+        queued update of the same tensor is live-relative too, so the new one also takes the
+        elements it would write (all of them when it was a whole tensor).
         """
         if not isinstance(version, int):
             raise ValueError(f"version must be an int, got {type(version).__name__}")
@@ -359,16 +369,16 @@ class EmbeddedEngine:
                     f"stage_weights: {name!r} has shape {tuple(tensor.shape)}, model has {tuple(target.shape)}"
                 )
             where = None if positions is None else positions.get(name)
-            if where is None:
-                staged[name] = (None, tensor.detach().to(device=target.device, dtype=target.dtype, copy=copy))
-            else:
-                idx_C = torch.as_tensor(where, dtype=torch.long).to(target.device)
-                values_C = tensor.detach().reshape(-1)[idx_C.to(tensor.device)]
-                staged[name] = (idx_C, values_C.to(device=target.device, dtype=target.dtype))
+            idx_C = None if where is None else torch.as_tensor(where, dtype=torch.long).to(target.device)
+            staged[name] = _take(target, tensor, idx_C, copy)
         with self._stage_lock:
             merged = {} if self._pending is None else self._pending[1]
             for name, op in staged.items():
-                merged[name] = [op] if op[0] is None else [*merged.get(name, []), op]
+                queued = merged.get(name)
+                if queued is not None and op[0] is not None:  # also undo what the queued one writes
+                    both_C = None if queued[0] is None else torch.unique(torch.cat([queued[0], op[0]]))
+                    op = _take(self._targets[name], state_dict[name], both_C, copy)
+                merged[name] = op
             self._pending = (version, merged)
 
     def apply_pending(self) -> bool:
@@ -388,12 +398,11 @@ class EmbeddedEngine:
             written: set[int] = set()
             elements = 0
             with torch.no_grad():
-                for name, ops in ops_P.items():
+                for name, (idx_C, values) in ops_P.items():
                     target_P = self._targets[name]
                     if target_P.data_ptr() not in written:  # tied parameters: once
-                        for op in ops:
-                            _write(target_P.data, *op)
-                            elements += op[1].numel()
+                        _write(target_P.data, idx_C, values)
+                        elements += values.numel()
                         written.add(target_P.data_ptr())
             self.version = version
             self._epoch += 1
