@@ -20,6 +20,7 @@ from shipyard.envs.long_tasks import RULES, long_tasks, read_rule, solution_from
 from shipyard.envs.sandbox import sandbox_available
 from shipyard.models.loading import load_model
 from shipyard.orchestrate.components import session_spec
+from shipyard.orchestrate.warmstart import _save
 from shipyard.trainer.sft import sft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,3 +124,18 @@ def test_warmstart_command_writes_a_loadable_policy(tmp_path: Path) -> None:
     tiny, _ = load_model(ModelConfig(source="tiny"))
     diff = [k for k, v in tiny.state_dict().items() if not torch.equal(v, loaded.state_dict()[k])]
     assert diff and not list(tmp_path.glob(".sft-*")), "trained weights written, no temporary left"
+
+
+def test_sft_and_save_reject_what_would_corrupt_the_policy(tmp_path: Path) -> None:
+    """A segment whose only learned token is its first (no prefix, never scored) is no data: a
+    micro-batch of such segments has no scored token (0/0 loss, an autograd error mid-training),
+    so it is refused up front, weights untouched. A failed save leaves nothing behind."""
+    model, tok = load_model(ModelConfig(source="tiny"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    first_only = Trajectory("t", "g", 0, [1, 2, 3], [1, 0, 0], [0.0] * 3, [-1] * 3, prompt_len=0)
+    with pytest.raises(ValueError, match="no segment"):
+        sft(model, [first_only])
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(TypeError):
+        _save(model, tok, tmp_path / "sft", {"not json": object()})
+    assert list(tmp_path.iterdir()) == [], "no temporary directory and no output"

@@ -84,9 +84,13 @@ def _save(model: Any, tok: Any, out: Path, report: dict[str, Any]) -> None:
     """Write the policy and the report into a temporary sibling, then swap it into ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "warmstart.json").write_text(json.dumps(report, indent=1))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "warmstart.json").write_text(json.dumps(report, indent=1))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written temporary left beside ``out``
+        raise
     old = out.with_name(f".{out.name}-old-{os.getpid()}")
     if out.exists():
         os.replace(out, old)

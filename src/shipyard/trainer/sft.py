@@ -46,9 +46,9 @@ def sft(
         raise ValueError(
             f"sft needs epochs >= 1, micro_batch >= 1 and lr > 0; got {epochs}, {micro_batch}, {lr}"
         )
-    usable = [s for s in segments if any(s.loss_mask)]
+    usable = [s for s in segments if any(s.loss_mask[1:])]  # the first token has no prefix to score
     if not usable:
-        raise ValueError("sft: no segment has a token to learn (every loss_mask is 0)")
+        raise ValueError("sft: no segment has a token to learn (loss_mask is 0 after the first token)")
     freeze_lower_layers(model, train_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
