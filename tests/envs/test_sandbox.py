@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -338,6 +339,28 @@ def test_removing_a_root_already_gone_or_locked_is_clean(tmp_path: Path) -> None
     (locked / "deep" / "f").write_text("x")
     locked.chmod(0)
     shutil.rmtree(tmp_path / "root", onerror=_rmtree_error)
+    assert not (tmp_path / "root").exists()
+
+
+def test_removing_a_root_another_process_empties_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race itself: a directory found by ``rmtree``'s scan is removed by another process before
+    ``rmtree`` opens it. The old hook retried ``os.open(path)`` without flags (a TypeError that
+    failed the rollout); this one treats what is gone as done. (The test above cannot see that as
+    root, where a mode-000 directory opens anyway.)"""
+    (tmp_path / "root" / "a" / "x").mkdir(parents=True)
+    (tmp_path / "root" / "b").mkdir()
+    real_open = os.open
+
+    def racing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "a" and (tmp_path / "root" / "a").exists():
+            shutil.rmtree(tmp_path / "root" / "a")  # the other reaper, between lstat and open
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", racing_open)
+    shutil.rmtree(tmp_path / "root", onerror=_rmtree_error)
+    monkeypatch.undo()
     assert not (tmp_path / "root").exists()
 
 
