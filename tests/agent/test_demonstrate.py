@@ -139,3 +139,13 @@ def test_sft_and_save_reject_what_would_corrupt_the_policy(tmp_path: Path) -> No
     with pytest.raises(TypeError):
         _save(model, tok, tmp_path / "sft", {"not json": object()})
     assert list(tmp_path.iterdir()) == [], "no temporary directory and no output"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sft_trains_a_model_on_the_gpu() -> None:
+    """The batches follow the model to its device (they were built on the CPU)."""
+    model, _ = load_model(ModelConfig(source="tiny"))
+    model = model.cuda()
+    seg = Trajectory("t", "g", 0, [1, 2, 3, 4], [0, 1, 1, 1], [0.0] * 4, [-1] * 4, prompt_len=1)
+    losses = sft(model, [seg, seg], epochs=2, lr=1e-3, micro_batch=2)
+    assert len(losses) == 2 and all(0.0 < v < 20.0 for v in losses) and losses[1] < losses[0]

@@ -51,6 +51,7 @@ def sft(
         raise ValueError("sft: no segment has a token to learn (loss_mask is 0 after the first token)")
     freeze_lower_layers(model, train_layers)
     params = [p for p in model.parameters() if p.requires_grad]
+    device = next(model.parameters()).device  # batches go where the model is (CPU or GPU)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     order, rng, step, losses = list(range(len(usable))), random.Random(seed), 0, []
     model.train()
@@ -59,8 +60,8 @@ def sft(
         total, tokens = 0.0, 0
         for start in range(0, len(order), micro_batch):
             batch = [usable[i] for i in order[start : start + micro_batch]]
-            ids_BT, attn_BT = pad_batch([s.token_ids for s in batch], pad_id=0)
-            mask_BT = pad_ints([s.loss_mask for s in batch]).bool() & attn_BT.bool()
+            ids_BT, attn_BT = pad_batch([s.token_ids for s in batch], pad_id=0, device=device)
+            mask_BT = pad_ints([s.loss_mask for s in batch], device=device).bool() & attn_BT.bool()
             logp_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT, bf16_decoder=bf16_decoder)
             n = int(mask_BT[:, 1:].sum())
             loss = -logp_BT.sum() / n
