@@ -177,7 +177,9 @@ def main() -> None:
     ap.add_argument("--config", default="configs/long.toml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per trained policy")
     ap.add_argument("--n-tasks", type=int, default=None, help="held-out long tasks evaluated")
-    ap.add_argument("--workdir", default=None, help="keep runs here (default: runs/long_horizon)")
+    ap.add_argument(
+        "--workdir", default=None, help="keep runs here (default: runs/long_horizon[_quick][_warm])"
+    )
     ap.add_argument("--reuse", action="store_true", help="evaluate finished runs in --workdir again")
     ap.add_argument("--base-truncation", action="store_true", help="also evaluate the base policy truncating")
     ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
@@ -196,7 +198,8 @@ def main() -> None:
         args.override = ["model.source=hf", f'model.path="{Path(args.warm_start).resolve()}"', *args.override]
     args.steps = args.steps or (2 if args.quick else 12)
     args.n_tasks = args.n_tasks or (6 if args.quick else 60)
-    tmp = Path(args.workdir or ROOT / ("runs/long_horizon_quick" if args.quick else "runs/long_horizon"))
+    default = "runs/long_horizon" + ("_quick" if args.quick else "") + ("_warm" if args.warm_start else "")
+    tmp = Path(args.workdir or ROOT / default)  # a warm-started run never resumes a base run's checkpoints
     args.out = args.out or str(ROOT / f"benchmarks/results/long_horizon{'_quick' if args.quick else ''}.json")
     t0 = time.time()
     res = run(args, tmp)

@@ -44,6 +44,8 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     train_tasks, _ = task_splits(cfg)
     ws = cfg.warmstart
     tasks = train_tasks[: ws.demos]
+    if not tasks:
+        raise ValueError("warmstart: the training split is empty; raise tasks.num_generated")
     expert = LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction)  # one per task, see demonstrations
     sessions = demonstrations(session_spec(cfg, expert, tok), tasks)
     if not sessions:
