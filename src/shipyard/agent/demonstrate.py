@@ -60,7 +60,7 @@ class LongTaskExpert:
 
     def reply(self, context: str) -> tuple[str, bool]:
         """(text, is a summary) of the expert's next turn given the context text."""
-        known = [r for r in self.rules if r.note() in context or _rule_text(r) in context]
+        known = [r for r in self.rules if r.note() in context or r.statement() in context]
         if self.instruction in context:
             return "\n".join([SUMMARY_LEAD, *(r.note() for r in known)]), True
         missing = [r for r in self.rules if r not in known]
@@ -77,12 +77,6 @@ class LongTaskExpert:
         if len(ids) > request.params.max_tokens:
             ids, finish = ids[: request.params.max_tokens], "length"
         return GenerateResult(ids, [0.0] * len(ids), [-1] * len(ids), finish)
-
-
-def _rule_text(rule: ReadRule) -> str:
-    """How the module states the rule (what a ``cat`` shows)."""
-    where = "this module" if rule.home == rule.module else f"{rule.home}.py"
-    return "Rule: " + rule.rule.text.format(c=f"the constant `{rule.const}` defined in {where}")
 
 
 def demonstrations(spec: SessionSpec, tasks: list[Task], concurrency: int = 4) -> list[list[Trajectory]]:

@@ -162,13 +162,10 @@ def _draw(rng: random.Random, modules: int, pool: tuple[Rule, ...], local: bool)
 
 def _module(d: _Draw, j: int, rng: random.Random, filler_lines: int) -> str:
     """Source of ``part_<j>.py``: rule j in prose, the constant(s) it defines, filler."""
-    rule = d.rules[j]
-    where = "this module" if d.home[j] == j else f"part_{d.home[j]:02d}.py"
-    ref = f"the constant `{d.names[j]}` defined in {where}"
     lines = [
         f'"""part_{j:02d}: stage {j + 1} of {len(d.rules)} of the value pipeline.',
         "",
-        f"Rule: {rule.text.format(c=ref)}.",
+        _statement(d.rules[j], d.names[j], f"part_{j:02d}", f"part_{d.home[j]:02d}") + ".",
         '"""',
         "",
     ]
@@ -183,6 +180,12 @@ def _module(d: _Draw, j: int, rng: random.Random, filler_lines: int) -> str:
     k = rng.randint(2, 9)
     lines += ["", "", f"def _report_{j:02d}(rows):", f"    return sorted(rows)[:{k}]", ""]
     return "\n".join(lines)
+
+
+def _statement(rule: Rule, const: str, module: str, home: str) -> str:
+    """The docstring line of ``module`` stating ``rule`` with ``const`` defined in ``home``."""
+    where = "this module" if home == module else f"{home}.py"
+    return f"Rule: {rule.text.format(c=f'the constant `{const}` defined in {where}')}"
 
 
 def _reference(d: _Draw, name: str) -> str:
@@ -300,6 +303,10 @@ class ReadRule:
     def code(self) -> tuple[str, ...]:
         """The rule's source lines (one indent level inside the function), the constant by name."""
         return tuple(line.format(c=self.const) for line in self.rule.code)
+
+    def statement(self) -> str:
+        """The rule as its module states it (what a ``cat`` of the module shows)."""
+        return _statement(self.rule, self.const, self.module, self.home)
 
     def note(self) -> str:
         """A one-line note of the rule, as code: what a summary needs to keep of this module (the
