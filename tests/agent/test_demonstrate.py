@@ -80,6 +80,13 @@ def test_expert_sessions_read_each_module_once_summarize_and_pass(demo) -> None:
             assert len(s.token_ids) <= spec.agent.max_session_tokens
             if s.finish == "summary":
                 assert SUMMARY_LEAD in sampled and s.summary_tokens > 0
+                n_read = int(re.search(r"\((\d+) of 4 modules\)", sampled)[1])
+                assert n_read == len(reads), "the summary counts the modules read so far"
+                notes = re.findall(r"^part_\d+: from (part_\d+) import ([A-Z_0-9]+); ", sampled, re.M)
+                assert len(notes) == n_read and all(c.endswith(home[-2:]) for home, c in notes)
+                assert sampled.removesuffix("<|im_end|>").endswith(
+                    f"Next: read part_{n_read:02d}.py" if n_read < 4 else "Next: write solution.py"
+                )
         assert reads == [f"part_{j:02d}" for j in range(4)], "each module read once, in order"
         last = tok.decode(
             [t for t, m in zip(segments[-1].token_ids, segments[-1].loss_mask, strict=True) if m]

@@ -10,8 +10,12 @@ long task (``shipyard.envs.long_tasks``). Each turn it reads the context it is g
 ids the harness built, decoded) and answers as a careful agent would: a ``cat`` of the first module
 whose rule is not in its context yet; when every rule is, the complete ``solution.py``
 (:func:`~shipyard.envs.long_tasks.solution_from_rules`); when asked for a summary (the harness's
-summary instruction is in the context), one line per rule known so far, as code
-(:meth:`~shipyard.envs.long_tasks.ReadRule.note`). So a demonstration is a real session: the same
+summary instruction is in the context), how many modules it has read, one line per rule known so
+far, as code with its constant's import (:meth:`~shipyard.envs.long_tasks.ReadRule.note`), and its
+next step. The summary is written so that a 135M policy continues by copying: the import and the
+code line go into ``solution.py`` as they are, and the count and next step say when to write it
+(an earlier format without them taught a policy to write after two of four modules and to guess
+imports from the order of the notes). So a demonstration is a real session: the same
 prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.session.run_session`,
 real sandboxes, graded by the hidden tests), only the sampled tokens are the expert's.
 :func:`demonstrations` plays a task list and keeps the sessions that passed.
@@ -25,6 +29,8 @@ dropped). Logprobs are 0 and versions -1: demonstrations are for supervised trai
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,7 +40,7 @@ from shipyard.envs.long_tasks import ReadRule, read_rule, solution_from_rules
 from shipyard.envs.types import Task
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
-SUMMARY_LEAD = "Rules read so far, as code:"
+SUMMARY_LEAD = "Rules read so far"
 
 
 class LongTaskExpert:
@@ -61,9 +67,11 @@ class LongTaskExpert:
     def reply(self, context: str) -> tuple[str, bool]:
         """(text, is a summary) of the expert's next turn given the context text."""
         known = [r for r in self.rules if r.note() in context or r.statement() in context]
-        if self.instruction in context:
-            return "\n".join([SUMMARY_LEAD, *(r.note() for r in known)]), True
         missing = [r for r in self.rules if r not in known]
+        if self.instruction in context:
+            lead = f"{SUMMARY_LEAD} ({len(known)} of {len(self.rules)} modules), as code:"
+            step = f"read {missing[0].module}.py" if missing else "write solution.py"
+            return "\n".join([lead, *(r.note() for r in known), f"Next: {step}"]), True
         if missing:
             return f"```bash\ncat {missing[0].module}.py\n```\n", False
         return f"```python\n{solution_from_rules(self.task.entry_point, self.rules)}```\n", False
@@ -79,14 +87,24 @@ class LongTaskExpert:
         return GenerateResult(ids, [0.0] * len(ids), [-1] * len(ids), finish)
 
 
-def demonstrations(spec: SessionSpec, tasks: list[Task], concurrency: int = 4) -> list[list[Trajectory]]:
+def demonstrations(
+    spec: SessionSpec,
+    tasks: list[Task],
+    concurrency: int = 4,
+    on_session: Callable[[int], None] | None = None,
+) -> list[list[Trajectory]]:
     """The expert's sessions (segments each) on ``tasks`` through ``spec``'s harness, sandboxes
     and grader (``spec.client`` is replaced by each task's expert); only sessions that passed
-    every hidden test (reward 1, no error) are returned."""
+    every hidden test (reward 1, no error) are returned. ``on_session(n)`` is called as the
+    ``n``-th session ends (progress)."""
+    done = itertools.count(1)
 
     def one(task: Task) -> list[Trajectory]:
         expert = LongTaskExpert(task, spec.frame.tok, spec.agent.summary.instruction)
-        return run_session(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
+        session = run_session(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
+        if on_session is not None:
+            on_session(next(done))
+        return session
 
     with ThreadPoolExecutor(concurrency, thread_name_prefix="demo") as pool:
         sessions = list(pool.map(one, tasks))

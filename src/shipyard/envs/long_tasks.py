@@ -309,9 +309,10 @@ class ReadRule:
         return _statement(self.rule, self.const, self.module, self.home)
 
     def note(self) -> str:
-        """A one-line note of the rule, as code: what a summary needs to keep of this module (the
-        constant's module is in its name: ``MASK_03`` lives in ``part_03.py``)."""
-        return f"{self.module}: {' '.join(line.strip() for line in self.code())}"
+        """A one-line note of the rule, as code: what a summary needs to keep of this module, the
+        import of its constant included (``part_00: from part_03 import MASK_03; x = x + MASK_03``),
+        so writing the solution from notes is copying, not recalling where a constant lives."""
+        return f"{self.module}: from {self.home} import {self.const}; {' '.join(line.strip() for line in self.code())}"
 
 
 _REF = r"the constant `(?P<const>[A-Z_0-9]+)` defined in (?P<where>this module|part_\d+\.py)"

@@ -4,14 +4,16 @@ Contract: :class:`RunProgress` renders a rich live view — a progress bar with 
 the newest step's reward, staleness, drops, mismatch, throughput and trainer idle share —
 refreshed from ``metrics.jsonl`` whenever :meth:`refresh` is called. It reads the file the
 trainer writes, so it works the same whichever process or machine the trainer runs on.
+:class:`StepBar` is a plain bar for any counted work that also reports on a pipe or a log file.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import (
     BarColumn,
@@ -90,3 +92,53 @@ class RunProgress:
             table.add_column(k)
         table.add_row(*cols.values())
         self.live.update(Group(self.bar, table))
+
+
+class StepBar:
+    """Progress of ``total`` units of work: a rich bar on a terminal; on a pipe or a log file (where
+    a live bar prints nothing until it ends) a plain line at most every ``every_s`` seconds and
+    at the end, so a background run's log shows how far it got and its ETA.
+
+    Example::
+
+        with StepBar("sft", total=steps) as bar:
+            for step in range(1, steps + 1):
+                bar.update(step, f"loss {loss:.3f}")
+    """
+
+    def __init__(self, label: str, total: int, every_s: float = 30.0, console: Console | None = None) -> None:
+        self.label, self.total, self.every_s = label, total, every_s
+        self.console = console or Console()
+        self.bar = Progress(console=self.console) if self.console.is_terminal else None
+        self.task = self.bar.add_task(label, total=total) if self.bar is not None else None
+        self.t0 = self.last = time.monotonic()
+        self.completed, self.note = 0, ""
+
+    def __enter__(self) -> StepBar:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif self.completed:
+            self._line()
+
+    def update(self, completed: int, note: str = "") -> None:
+        self.completed, self.note = completed, note
+        if self.bar is not None:
+            assert self.task is not None
+            self.bar.update(self.task, completed=completed, description=f"{self.label} {note}".strip())
+        elif time.monotonic() - self.last >= self.every_s or completed >= self.total:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = time.monotonic()
+        elapsed = self.last - self.t0
+        eta = elapsed * (self.total - self.completed) / self.completed if self.completed else float("nan")
+        pct = 100 * self.completed / max(self.total, 1)
+        self.console.print(
+            f"{self.label}: {self.completed}/{self.total} ({pct:.0f}%), {elapsed:.0f} s, ETA {eta:.0f} s {self.note}".rstrip(),
+            highlight=False,
+        )

@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.progress import Progress
-
 from shipyard.config.schema import ShipyardConfig
+from shipyard.metrics.progress import StepBar
 
 
 def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
@@ -47,15 +46,15 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     if not tasks:
         raise ValueError("warmstart: the training split is empty; raise tasks.num_generated")
     expert = LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction)  # one per task, see demonstrations
-    sessions = demonstrations(session_spec(cfg, expert, tok), tasks)
+    with StepBar("demonstrations", total=len(tasks)) as bar:
+        sessions = demonstrations(session_spec(cfg, expert, tok), tasks, on_session=bar.update)
     if not sessions:
         raise ValueError(
             "warmstart: no demonstration passed its hidden tests; check the tasks and the harness"
         )
     segments = [seg for s in sessions for seg in s]
     steps = ws.epochs * -(-len(segments) // ws.micro_batch)
-    with Progress() as progress:
-        bar = progress.add_task("warm start (sft)", total=steps)
+    with StepBar("warm start (sft)", total=steps) as bar:
         losses = sft(
             model,
             segments,
@@ -65,9 +64,7 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
             train_layers=cfg.trainer.train_layers,
             seed=cfg.run.seed,
             bf16_decoder=cfg.trainer.bf16_decoder,
-            on_step=lambda step, loss: progress.update(
-                bar, completed=step, description=f"sft loss {loss:.3f}"
-            ),
+            on_step=lambda step, loss: bar.update(step, f"loss {loss:.3f}"),
         )
     report = {
         "demos_played": len(tasks),
