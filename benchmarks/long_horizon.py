@@ -16,6 +16,7 @@ With `--warm-start DIR` every policy starts from a `shipyard warmstart` policy (
 scripted expert's sessions through the same harness, `shipyard.agent.demonstrate`) instead of
 the base model: then `prompt_summaries` is that warm-started policy without RL, and the two
 trained conditions are RL on top of it; the warm start's report is stored under `warm_start`.
+`--base-prompt` adds `base_prompt_summaries`: the pretrained model itself asked for summaries.
 Each condition's evaluation is written to `<workdir>/<condition>/heldout.json` as it finishes, and
 `--reuse` skips finished training runs and evaluations, so an interrupted run resumes.
 
@@ -24,7 +25,8 @@ Wilson 95% intervals and paired differences over the same tasks. Writes
 benchmarks/results/long_horizon.json with `n_tasks`, `context_tokens` (the window),
 `success_trained_summaries`, `success_truncation`, `success_prompt_summaries`,
 `max_session_tokens` (the most tokens one session processed across its contexts, trained
-summaries), CIs, paired differences and per-condition summary metrics.
+summaries), CIs, paired differences and per-condition summary metrics; plots the successes with
+their intervals and the RL runs' reward per step to docs/long_horizon[_quick].png.
 
     python benchmarks/long_horizon.py --quick     # tiny random model, 2 steps, < 1 minute
     python benchmarks/long_horizon.py             # SmolLM2-135M, configs/long.toml
@@ -85,7 +87,14 @@ def _cfg(args: argparse.Namespace, tmp: Path, name: str, mode: str, extra: list[
 def _evaluate(cfg: ShipyardConfig, version: int | None) -> dict[str, Any]:
     from shipyard.eval.command import run_eval
 
-    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"version": version})})
+    # the evaluation runs alone: its engine takes the threads the trainer and the engine shared
+    threads = cfg.inference.threads + cfg.trainer.threads
+    cfg = cfg.model_copy(
+        update={
+            "eval": cfg.eval.model_copy(update={"version": version}),
+            "inference": cfg.inference.model_copy(update={"threads": threads}),
+        }
+    )
     return run_eval(cfg)["heldout"]
 
 
@@ -106,6 +115,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     base = [("prompt_summaries", "summarize")] + [("base_truncation", "truncate")] * args.base_truncation
     for name, mode in base:
         res[name] = _evaluate_once(args, tmp / name, _cfg(args, tmp, name, mode, args.override), None)
+    if args.base_prompt:  # the pretrained model itself, neither warm-started nor RL-trained
+        name = "base_prompt_summaries"
+        res[name] = _evaluate_once(
+            args, tmp / name, _cfg(args, tmp, name, "summarize", args.user_override), None
+        )
     return res
 
 
@@ -148,7 +162,7 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
     ts = res["trained_summaries"]
     diffs = {
         other: paired_diff_ci(res[other]["passed"], ts["passed"])
-        for other in ("truncation", "prompt_summaries", "base_truncation")
+        for other in ("truncation", "prompt_summaries", "base_truncation", "base_prompt_summaries")
         if other in res
     }
     for other, (d, lo, hi) in diffs.items():
@@ -159,7 +173,7 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
         "success_trained_summaries": ts["pass1"],
         "success_truncation": res["truncation"]["pass1"],
         "success_prompt_summaries": res["prompt_summaries"]["pass1"],
-        **({"success_base_truncation": res["base_truncation"]["pass1"]} if "base_truncation" in res else {}),
+        **{f"success_{k}": res[k]["pass1"] for k in ("base_truncation", "base_prompt_summaries") if k in res},
         "max_session_tokens": ts.get("session_tokens_max", 0),
         **{f"ci95_{k}": r["ci95"] for k, r in res.items()},
         **{f"diff_vs_{k}": list(v) for k, v in diffs.items()},
@@ -169,6 +183,37 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
         "date": time.strftime("%Y-%m-%d"),
         "detail": {k: {m: v for m, v in r.items() if m not in ("passed", "rewards")} for k, r in res.items()},
     }
+
+
+def plot(res: dict[str, dict[str, Any]], tmp: Path, title: str, out_png: Path) -> None:
+    """Success of every condition with its 95% interval, and the two RL runs' reward per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from shipyard.metrics.logger import read_metrics
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 3.8))
+    names = list(res)
+    rates = [res[n]["pass1"] for n in names]
+    lo = [r - res[n]["ci95"][0] for n, r in zip(names, rates, strict=True)]
+    hi = [res[n]["ci95"][1] - r for n, r in zip(names, rates, strict=True)]
+    bars.barh(names, rates, xerr=[lo, hi], capsize=4, color="tab:blue", alpha=0.7)
+    bars.set_xlim(0, 1)
+    bars.set_xlabel(f"held-out success (n = {res[names[0]]['n']}, Wilson 95%)")
+    bars.invert_yaxis()
+    for name in ("trained_summaries", "truncation"):
+        records = [r for r in read_metrics(tmp / name / "metrics.jsonl") if r.get("kind") == "train"]
+        curves.plot([r["step"] for r in records], [r["reward/mean"] for r in records], marker="o", label=name)
+    curves.set_xlabel("RL step")
+    curves.set_ylabel("mean reward of the step's group")
+    curves.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -182,6 +227,11 @@ def main() -> None:
     )
     ap.add_argument("--reuse", action="store_true", help="evaluate finished runs in --workdir again")
     ap.add_argument("--base-truncation", action="store_true", help="also evaluate the base policy truncating")
+    ap.add_argument(
+        "--base-prompt",
+        action="store_true",
+        help="with --warm-start: also evaluate the pretrained model (no warm start, no RL) summarizing",
+    )
     ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/long_horizon[_quick].json")
     ap.add_argument(
@@ -190,6 +240,9 @@ def main() -> None:
         help="every policy starts from this `shipyard warmstart` directory (model.source=hf)",
     )
     args = ap.parse_args()
+    args.user_override = list(args.override)
+    if args.base_prompt and not args.warm_start:
+        raise SystemExit("--base-prompt needs --warm-start (without it, prompt_summaries is the base model)")
     if args.warm_start:
         if not (Path(args.warm_start) / "warmstart.json").is_file():
             raise SystemExit(
@@ -209,7 +262,10 @@ def main() -> None:
         out["warm_start"] = json.loads((Path(args.warm_start) / "warmstart.json").read_text())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {args.out} ({out['minutes']:.1f} min)")
+    png = ROOT / ("docs/long_horizon" + ("_quick" if args.quick else "") + ".png")
+    title = f"long tasks, {out['context_tokens']}-token window, {args.steps} RL steps"
+    plot(res, tmp, title, png)
+    console.print(f"wrote {args.out} and {png} ({out['minutes']:.1f} min)")
 
 
 if __name__ == "__main__":

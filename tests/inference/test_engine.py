@@ -307,6 +307,28 @@ def test_sparse_staged_writes_merge_against_the_live_weights() -> None:
     assert strided.reshape(-1)[[0, 7, 23]].tolist() == [1.0, 2.0, 3.0] and float(strided.sum()) == 6.0
 
 
+@pytest.mark.parametrize("live_dtype", [torch.bfloat16, torch.float32])
+def test_sparse_writes_copy_every_bit_pattern(live_dtype: torch.dtype) -> None:
+    """Sparse staging gathers and scatters bits (numpy views where dtypes match): NaN payloads,
+    -0.0, infinities and subnormals land exactly; a bf16 update of an fp32 engine is converted."""
+    model, tok = _tiny("dense", seed=0)
+    model.to(live_dtype)
+    engine = EmbeddedEngine(model, tok, version=0)
+    name = "model.norm.weight"
+    live = dict(model.named_parameters())[name]
+    bits = [0x7FC1, 0xFFA3, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x3F80]  # NaNs, -0, inf, subnormals
+    patterns = torch.from_numpy(np.array(bits, dtype=np.uint16).view(np.int16))
+    new = live.detach().to(torch.bfloat16).clone()
+    idx = torch.tensor([0, 3, 4, 9, 10, 17, 20, 31])
+    new.view(torch.int16)[idx] = patterns
+    engine.stage_weights(1, {name: new}, positions={name: idx.numpy()})
+    assert engine.apply_pending() and engine.written_elements[-1] == len(idx)
+    if live_dtype == torch.bfloat16:
+        assert torch.equal(live.detach().view(torch.int16), new.view(torch.int16))
+    else:  # bf16 -> fp32 is exact, NaN payloads included (the high half of the fp32 bits)
+        assert torch.equal(live.detach().view(torch.int32) >> 16, new.view(torch.int16).to(torch.int32))
+
+
 @pytest.mark.parametrize(
     "req",
     [

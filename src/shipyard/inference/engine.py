@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -173,10 +174,26 @@ _WeightOp = tuple[torch.Tensor | None, torch.Tensor]
 """A staged write to one parameter: (None, whole tensor) or (flat indices, their values)."""
 
 
+_BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_np(t: torch.Tensor) -> np.ndarray | None:
+    """The flat bits of a contiguous CPU tensor as a numpy view of the same memory, or None.
+    numpy gathers and scatters by index about twice as fast as torch's advanced indexing on CPU,
+    and a bit-view copy is exact for every dtype."""
+    view = _BIT_VIEWS.get(t.element_size())
+    if t.device.type != "cpu" or not t.is_contiguous() or view is None or t.is_complex():
+        return None
+    return t.detach().reshape(-1).view(view).numpy()
+
+
 def _take(target_P: torch.Tensor, tensor: torch.Tensor, idx_C: torch.Tensor | None, copy: bool) -> _WeightOp:
     """The staged write of ``tensor`` into ``target_P``: whole, or its elements at flat ``idx_C``."""
     if idx_C is None:
         return None, tensor.detach().to(device=target_P.device, dtype=target_P.dtype, copy=copy)
+    src = _bits_np(tensor) if tensor.dtype == target_P.dtype and idx_C.device.type == "cpu" else None
+    if src is not None:
+        return idx_C, torch.from_numpy(np.take(src, idx_C.numpy())).view(tensor.dtype)
     values_C = tensor.detach().reshape(-1)[idx_C.to(tensor.device)]
     return idx_C, values_C.to(device=target_P.device, dtype=target_P.dtype)
 
@@ -185,6 +202,11 @@ def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Ten
     """Apply one staged write in place (any strides: indices are flat, row-major)."""
     if idx_C is None:
         target_P.copy_(values)
+        return
+    dst = _bits_np(target_P) if values.dtype == target_P.dtype else None
+    src = _bits_np(values) if dst is not None else None
+    if dst is not None and src is not None:
+        dst[idx_C.numpy()] = src
     elif target_P.is_contiguous():
         target_P.view(-1)[idx_C] = values
     else:
