@@ -4,6 +4,7 @@ grader), supervised fine-tuning learns its tokens, and `shipyard warmstart` writ
 from __future__ import annotations
 
 import json
+import os
 import re
 import types
 from pathlib import Path
@@ -131,6 +132,9 @@ def test_warmstart_command_writes_a_loadable_policy(tmp_path: Path) -> None:
     tiny, _ = load_model(ModelConfig(source="tiny"))
     diff = [k for k, v in tiny.state_dict().items() if not torch.equal(v, loaded.state_dict()[k])]
     assert diff and not list(tmp_path.glob(".sft-*")), "trained weights written, no temporary left"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask, "the directory gets the umask's mode"
 
 
 def test_sft_and_save_reject_what_would_corrupt_the_policy(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,8 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
 def _save(model: Any, tok: Any, out: Path, report: dict[str, Any]) -> None:
     """Write the policy and the report into a temporary sibling, then swap it into ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp = out.with_name(f".{out.name}-{uuid.uuid4().hex[:12]}")
+    tmp.mkdir()  # the umask's mode, as `out` itself would get (mkdtemp's is 0700)
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
