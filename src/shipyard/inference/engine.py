@@ -191,7 +191,7 @@ def _take(target_P: torch.Tensor, tensor: torch.Tensor, idx_C: torch.Tensor | No
     """The staged write of ``tensor`` into ``target_P``: whole, or its elements at flat ``idx_C``."""
     if idx_C is None:
         return None, tensor.detach().to(device=target_P.device, dtype=target_P.dtype, copy=copy)
-    src = _bits_np(tensor) if tensor.dtype == target_P.dtype and idx_C.device.type == "cpu" else None
+    src = _bits_np(tensor) if tensor.dtype == target_P.dtype and target_P.device.type == "cpu" else None
     if src is not None:
         return idx_C, torch.from_numpy(np.take(src, idx_C.numpy())).view(tensor.dtype)
     values_C = tensor.detach().reshape(-1)[idx_C.to(tensor.device)]
