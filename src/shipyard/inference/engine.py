@@ -182,7 +182,7 @@ def _bits_np(t: torch.Tensor) -> np.ndarray | None:
     numpy gathers and scatters by index about twice as fast as torch's advanced indexing on CPU,
     and a bit-view copy is exact for every dtype."""
     view = _BIT_VIEWS.get(t.element_size())
-    if t.device.type != "cpu" or not t.is_contiguous() or view is None or t.is_complex():
+    if t.device.type != "cpu" or not t.is_contiguous() or view is None:
         return None
     return t.detach().reshape(-1).view(view).numpy()
 
