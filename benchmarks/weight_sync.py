@@ -11,6 +11,12 @@ mirror directory) and ``--servers`` inference servers (a real
 consecutive AdamW steps (fp32 master, bf16 serving) of SmolLM2-135M-Instruct, or of the tiny
 dense model with ``--quick``.
 
+By default the publisher serves a :class:`~shipyard.weights.feed.VersionFeed` per mode in the
+trainer region; each relay follows it across its shaped link (pushes carry the manifest and a
+small delta inline; origin polls go on every second as the fallback) and serves its region's
+servers a feed of its own on loopback. ``--no-feed``: relays and servers only poll, every
+``--poll-s``.
+
 Two modes run one after the other on the same versions and network:
 - ``baseline``: every version is a full snapshot (zstd of byte planes), i.e. ship the whole model;
 - ``ours``: a delta against the previous version (snapshots only every ``--snapshot-every``).
@@ -25,8 +31,9 @@ inference pause of every server (the in-place apply between decode steps); and t
 
 Limits, stated in the output too: this kernel has no ``sch_netem`` (``tbf`` and ``htb`` exist), so
 the round-trip time cannot be added on the wire; ``--rtt-ms`` is emulated in-process instead (each
-request a region's relay makes to the origin sleeps one RTT before it is sent; requests in
-parallel overlap their waits, as on a real link). Everything shares this machine's CPUs, so
+request a region's relay makes to the origin, store GET or feed long poll, waits half an RTT
+before it is sent and half an RTT before its answer is used; requests in parallel overlap their
+waits, as on a real link). Everything shares this machine's CPUs, so
 codec, relays and servers compete for cores, unlike separate machines. Needs root (namespaces,
 veth, tc); it creates its own namespaces and links and deletes them on exit.
 
@@ -82,7 +89,9 @@ def s3(endpoint: str, root: str, rtt_s: float = 0.0) -> Any:
 
 
 class DelayStore:
-    """A store whose every request waits one round-trip time first (emulated long-haul RTT)."""
+    """A store whose every request takes one more round trip (emulated long-haul RTT): half of
+    it before the request reaches the server, half before the answer reaches the caller (so a
+    poll sees the state of half a round trip before it returns, as on a real link)."""
 
     def __init__(self, inner: Any, rtt_s: float) -> None:
         self.inner, self.rtt_s, self.stats = inner, rtt_s, inner.stats
@@ -91,10 +100,27 @@ class DelayStore:
         fn = getattr(self.inner, name)
 
         def delayed(*a: Any, **kw: Any) -> Any:
-            time.sleep(self.rtt_s)
-            return fn(*a, **kw)
+            time.sleep(self.rtt_s / 2)
+            out = fn(*a, **kw)
+            time.sleep(self.rtt_s / 2)
+            return out
 
         return delayed
+
+
+def delay_follower(url: str, after: Any, on_push: Any, rtt_s: float) -> Any:
+    """A :class:`FeedFollower` across the emulated link: its long poll reaches the origin half a
+    round trip after it is sent, and the push comes back half a round trip after it is sent."""
+    from shipyard.weights.feed import FeedFollower
+
+    class DelayFollower(FeedFollower):
+        def request(self, after: int) -> Any:
+            time.sleep(rtt_s / 2)
+            push = super().request(after)
+            time.sleep(rtt_s / 2)
+            return push
+
+    return DelayFollower(url, after, on_push).start()
 
 
 # ---------------------------------------------------------------- roles run inside namespaces
@@ -108,8 +134,12 @@ def role_publisher(args: argparse.Namespace) -> None:
     (read from disk) each time ``<mode> <v>`` arrives on stdin."""
     from safetensors.torch import load_file
 
+    from shipyard.weights.feed import VersionFeed
     from shipyard.weights.publisher import WeightPublisher
 
+    modes = args.modes.split(",")
+    ports = [int(p) for p in args.feed_ports.split(",")] if args.feed_ports else []
+    feeds = {mode: VersionFeed("0.0.0.0", port).start() for mode, port in zip(modes, ports, strict=False)}
     pubs = {
         mode: WeightPublisher(
             s3(args.endpoint, f"shipyard-sync/{mode}"),
@@ -118,8 +148,9 @@ def role_publisher(args: argparse.Namespace) -> None:
             deltas=mode == "ours",
             connections=8,
             workers=2,
+            feed=feeds.get(mode),
         )
-        for mode in args.modes.split(",")
+        for mode in modes
     }
     emit(event="ready", who="publisher")
     for line in sys.stdin:
@@ -148,13 +179,25 @@ def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
     from shipyard.inference.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.store import LocalStore
+    from shipyard.weights.feed import VersionFeed
     from shipyard.weights.relay import WeightRelay
     from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
     work = Path(args.work) / mode
     mirror = LocalStore(work / "mirror")
     origin = s3(args.endpoint, f"shipyard-sync/{mode}", args.rtt_ms / 1000)
-    relay = WeightRelay(origin, mirror, name=f"relay-{args.region}", connections=8).start(poll_s=args.poll_s)
+    ports = (
+        dict(zip(args.modes.split(","), args.feed_ports.split(","), strict=False)) if args.feed_ports else {}
+    )
+    feed = VersionFeed().start() if mode in ports else None  # the region's feed, on loopback
+    relay = WeightRelay(origin, mirror, name=f"relay-{args.region}", connections=8, feed=feed)
+    # with a feed, polling the origin is the fallback: at the pace a deployment would use it, so a
+    # poll that happens to land first does not take a version's fetch away from its push
+    relay.start(poll_s=args.poll_s if feed is None else max(args.poll_s, 1.0))
+    if mode in ports:
+        host = args.endpoint.split("//")[1].rsplit(":", 1)[0]
+        url = f"http://{host}:{ports[mode]}"
+        delay_follower(url, lambda: relay.version, relay.on_push, args.rtt_ms / 1000)
     cfg = ModelConfig(source="tiny") if args.model == "tiny" else ModelConfig()
     subs = []
     for j in range(args.servers):
@@ -162,9 +205,8 @@ def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
         engine = EmbeddedEngine(model.to(torch.bfloat16), tok, max_batch=1, version=0)
         sink = EngineSink(engine)
         name = f"{args.region}-s{j}"
-        subs.append(
-            WeightSubscriber(mirror, sink, name=name, poll_s=args.poll_s, cache_dir=work / "cache").start()
-        )
+        sub = WeightSubscriber(mirror, sink, name=name, poll_s=args.poll_s, cache_dir=work / "cache")
+        subs.append(sub.start(feed_url=feed.url if feed is not None else None))
     return relay, subs
 
 
@@ -374,11 +416,14 @@ def make_versions(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 def start_roles(
-    args: argparse.Namespace, net: Network, port: int, work: Path, events: queue.Queue
+    args: argparse.Namespace, net: Network, port: int, work: Path, events: queue.Queue, sw_ports: set[int]
 ) -> list[Proc]:
     """The publisher (trainer namespace) and one region process per region namespace."""
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--model", args.model, "--poll-s", str(args.poll_s), "--modes", args.modes]
+    if not args.no_feed:  # the origin namespace is new: only SeaweedFS listens there
+        free = [p for p in range(18700, 18800) if p not in sw_ports]
+        common += ["--feed-ports", ",".join(str(free[i]) for i in range(len(args.modes.split(","))))]
     pub_args = ["--role", "publisher", "--endpoint", f"http://127.0.0.1:{port}"]
     pub_args += ["--versions-dir", str(work / "versions"), "--snapshot-every", str(args.snapshot_every)]
     procs = [
@@ -443,10 +488,10 @@ def run_mode(
 
 
 def run_all(
-    args: argparse.Namespace, net: Network, port: int, work: Path, console: Console
+    args: argparse.Namespace, net: Network, port: int, work: Path, console: Console, sw_ports: set[int]
 ) -> dict[str, dict]:
     events: queue.Queue = queue.Queue()
-    procs = start_roles(args, net, port, work, events)
+    procs = start_roles(args, net, port, work, events, sw_ports)
     got: list[dict] = []
     try:
         wait_events(events, lambda g: count(g, "ready") == len(procs), 900, got)
@@ -556,9 +601,24 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--modes", default=",".join(MODES), help="modes run, comma-separated (both for the results)"
     )
+    ap.add_argument(
+        "--no-feed",
+        action="store_true",
+        help="relays and servers only poll (no version feed pushing each version as it is committed)",
+    )
     ap.add_argument("--out", default="benchmarks/results/weight_sync.json")
     ap.add_argument("--role", choices=["main", "publisher", "region"], default="main", help="internal")
-    for internal in ("--endpoint", "--root", "--mode", "--model", "--versions-dir", "--region", "--work"):
+    internal_args = (
+        "--endpoint",
+        "--root",
+        "--mode",
+        "--model",
+        "--versions-dir",
+        "--region",
+        "--work",
+        "--feed-ports",
+    )
+    for internal in internal_args:
         ap.add_argument(internal, help="internal (set by the driver for its role processes)")
     args = ap.parse_args()
     if args.role == "main":
@@ -572,7 +632,17 @@ def parse_args() -> argparse.Namespace:
 
 def results_json(results: dict[str, dict], args: argparse.Namespace, info: dict) -> dict:
     ours, base = results["ours"], results["baseline"]
-    keys = ("quick", "versions", "rate_mbit", "rtt_ms", "lr", "snapshot_every", "poll_s", "servers")
+    keys = (
+        "quick",
+        "versions",
+        "rate_mbit",
+        "rtt_ms",
+        "lr",
+        "snapshot_every",
+        "poll_s",
+        "servers",
+        "no_feed",
+    )
     return {
         **{k: ours[k] for k in ("sync_s", "bound_s", "pause_p50_s", "pause_p99_s")},
         "regions": args.regions,
@@ -612,7 +682,7 @@ def main() -> None:
         net.up()
         origin = net.exec_prefix(net.origin)
         with SeaweedServer(work / "seaweed", host="127.0.0.1", bind="0.0.0.0", prefix=origin) as sw:
-            results = run_all(args, net, sw.ports["s3.port"], work, console)
+            results = run_all(args, net, sw.ports["s3.port"], work, console, set(sw.ports.values()))
     finally:
         net.down()
     console.print(table(results, args))

@@ -32,3 +32,52 @@ def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
     assert latest_version(mirror) == 3 and relay.name == "relay-eu"
     assert torch.equal(load_version(mirror, 3)["w"], states[3]["w"])
     assert "version 3 mirrored" in capsys.readouterr().out
+
+
+def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: Path) -> None:
+    """`relay.feed_url` + `relay.feed_port`: versions arrive by push (polls are a minute apart)
+    and are pushed on to the region's followers."""
+    import threading
+    import time
+
+    from shipyard.weights.feed import FeedFollower, VersionFeed
+
+    origin_feed = VersionFeed().start()
+    region = VersionFeed()  # only to find a free port for the relay's feed
+    port = region.port
+    region.close()
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'store.root="{tmp_path / "origin"}"',
+            f'relay.mirror.root="{tmp_path / "eu"}"',
+            "relay.poll_s=60",
+            f'relay.feed_url="{origin_feed.url}"',
+            f"relay.feed_port={port}",
+        ],
+    )
+    pub = WeightPublisher(LocalStore(tmp_path / "origin"), feed=origin_feed)
+    states = [{"w": torch.full((64, 64), float(v)).bfloat16()} for v in range(3)]
+    pub.publish(0, states[0])
+    got: list[int] = []
+
+    def later() -> None:
+        follower = FeedFollower(
+            f"http://127.0.0.1:{port}", after=lambda: None, on_push=lambda p: got.append(p.version)
+        )
+        for v in (1, 2):
+            time.sleep(0.8)
+            if v == 1:
+                follower.start()
+            pub.publish(v, states[v])
+        time.sleep(1.0)
+        follower.stop()
+
+    t = threading.Thread(target=later)
+    t.start()
+    relay = run_relay(cfg, max_s=4.0)
+    t.join()
+    origin_feed.close()
+    assert relay.version == 2 and latest_version(LocalStore(tmp_path / "eu")) == 2
+    assert torch.equal(relay.state["w"], states[2]["w"])
+    assert 2 in got, "the region's feed pushed what the relay mirrored"

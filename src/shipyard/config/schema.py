@@ -455,6 +455,17 @@ class WeightsConfig(_Section):
     """Dtype versions are published in, i.e. the serving precision (none = the trainer's own). bf16
     versions of an fp32-master model change far fewer bits per step, so deltas are far smaller; an
     engine of another dtype converts when it applies them."""
+    feed_port: int | None = Field(None, ge=0, le=65535)
+    """Port of the version feed the trainer serves beside its publisher (`shipyard.weights.feed`):
+    followers (relays, servers) get each version pushed the moment it is committed, manifest and
+    delta inline, instead of noticing it at their next poll (none = no feed; 0 = any free port)."""
+    feed_host: str = "127.0.0.1"
+    """Address the trainer's (and a relay's) feed listens on; 0.0.0.0 for followers on other hosts."""
+    feed_inline_mb: float = Field(64.0, ge=0)
+    """Largest delta a feed sends inline; a larger one is announced and fetched from the store."""
+    follow_url: str | None = None
+    """Feed the inference servers' subscribers follow (`http://host:port`: the trainer's, or the
+    region relay's `relay.feed_port`), besides polling the store every `inference.poll_s`."""
 
 
 class RelayConfig(_Section):
@@ -463,7 +474,12 @@ class RelayConfig(_Section):
     region: str = "local"
     """Region name (names the relay's subscriber record in the origin store)."""
     poll_s: float = Field(0.5, gt=0)
-    """How often the relay polls the origin for a new version."""
+    """How often the relay polls the origin for a new version (with a feed: the fallback's pace)."""
+    feed_url: str | None = None
+    """The origin's version feed (the trainer's `weights.feed_port`, `http://host:port`): versions
+    are pushed to the relay the moment they are committed; polling goes on as the fallback."""
+    feed_port: int | None = Field(None, ge=0, le=65535)
+    """Port of the feed this relay serves its region's servers (on `weights.feed_host`); none = no feed."""
 
 
 class WarmStartConfig(_Section):

@@ -173,7 +173,7 @@ class InferenceNode:
             chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
             workers=cfg.weights.workers,
         )
-        self.subscriber.start()
+        self.subscriber.start(feed_url=cfg.weights.follow_url)
 
     @property
     def url(self) -> str:

@@ -54,15 +54,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     }
     ckpt_root = run_dir / "checkpoints"
     state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
-    publisher = WeightPublisher(
-        store,
-        snapshot_every=cfg.weights.snapshot_every,
-        keep=cfg.weights.keep,
-        shard_bytes=int(cfg.weights.shard_mb * (1 << 20)),
-        workers=cfg.weights.workers,
-        connections=cfg.store.connections,
-        dtype=getattr(torch, cfg.weights.dtype) if cfg.weights.dtype else None,
-    )
+    publisher = _publisher(cfg, store)
     if not publisher.has(state["step"]):
         publisher.publish(state["step"], named_params(model))
     feed = RolloutFeed(store, consumed=set(state["consumed"]))
@@ -101,7 +93,31 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         logger.log(step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest})
     store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
     logger.close()
+    if publisher.feed is not None:
+        publisher.feed.close()
     return {"final_version": cfg.trainer.steps, "idle_s": state["idle_s"], "seconds": time.time() - t_start}
+
+
+def _publisher(cfg: ShipyardConfig, store: Store) -> WeightPublisher:
+    """The trainer's publisher, serving a version feed when ``weights.feed_port`` is set."""
+    import torch
+
+    from shipyard.weights.feed import VersionFeed
+
+    w = cfg.weights
+    feed = None
+    if w.feed_port is not None:
+        feed = VersionFeed(w.feed_host, w.feed_port, int(w.feed_inline_mb * (1 << 20))).start()
+    return WeightPublisher(
+        store,
+        snapshot_every=w.snapshot_every,
+        keep=w.keep,
+        shard_bytes=int(w.shard_mb * (1 << 20)),
+        workers=w.workers,
+        connections=cfg.store.connections,
+        dtype=getattr(torch, w.dtype) if w.dtype else None,
+        feed=feed,
+    )
 
 
 def _relog_checkpointed_step(logger: MetricsLogger, state: dict[str, Any], store: Store) -> None:

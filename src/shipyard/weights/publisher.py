@@ -3,7 +3,8 @@
 Contract: :meth:`WeightPublisher.publish` codes the new state tensor by tensor against the
 previous published version (its *parent*, kept by the publisher as one copy in the serving
 dtype), packs the blobs into shards of at most ``shard_bytes`` and uploads them over
-``connections`` threads while coding continues, then writes the manifest, then moves
+``connections`` threads while coding continues, then writes the manifest (the commit point),
+then tells its :class:`~shipyard.weights.feed.VersionFeed` (if any), then moves
 ``weights/LATEST``, then collects garbage (:func:`shipyard.weights.leases.collect_garbage`).
 Version ``v`` carries a delta when a parent exists and a snapshot when ``v % snapshot_every == 0``
 or no parent exists (the first version, or a parent of another structure). A publisher that
@@ -26,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from shipyard.store.types import Store
+from shipyard.weights.feed import VersionFeed
 from shipyard.weights.types import (
     CODEC_DELTA,
     CODEC_SNAPSHOT,
@@ -59,8 +61,12 @@ class _ShardWriter:
         pool: ThreadPoolExecutor,
         slots: int,
         resume: bool = True,
+        keep_max: int = 0,
     ) -> None:
         self.store, self.version, self.prefix, self.resume = store, version, prefix, resume
+        self.keep_max = keep_max
+        self.kept: dict[str, bytes] | None = {} if keep_max > 0 else None
+        """The shards' bytes, kept for a feed while their total is at most ``keep_max``."""
         self.shard_bytes, self.pool = shard_bytes, pool
         self.shards: list[ShardEntry] = []
         self.ranges: dict[str, list[int]] = {}
@@ -82,6 +88,9 @@ class _ShardWriter:
         sha = hashlib.sha256(data).hexdigest()
         entry = ShardEntry(f"{self.prefix}-{len(self.shards):05d}-{sha[:16]}.bin", len(data), sha)
         self.shards.append(entry)
+        if self.kept is not None:
+            kept = sum(len(d) for d in self.kept.values()) + len(data)
+            self.kept = {**self.kept, entry.name: data} if kept <= self.keep_max else None
         key = shard_key(self.version, entry.name)
         self._slots.acquire()
 
@@ -114,6 +123,7 @@ class WeightPublisher:
         lease_ttl_s: float = 120.0,
         deltas: bool = True,
         dtype: Any | None = None,
+        feed: VersionFeed | None = None,
     ) -> None:
         if keep < 1 or snapshot_every < 1 or shard_bytes < 1:
             raise ValueError(
@@ -130,6 +140,10 @@ class WeightPublisher:
         self.dtype = dtype
         """torch dtype versions are published in (the serving dtype); None keeps the tensors' own."""
         """False: every version is a full snapshot (the baseline that ships whole models)."""
+        self.feed = feed
+        """Told of every version once LATEST moved, with the delta's shards when they fit its
+        ``inline_max_bytes`` (followers then need no store round trip)."""
+        self._kept: dict[str, bytes] | None = None
         self._parent: dict[str, Any] | None = None
         self._parent_version: int | None = None
         self._indexes: dict[str, Any] = {}
@@ -159,7 +173,10 @@ class WeightPublisher:
             self._indexes = {}
             raise
         data = manifest.to_bytes()
-        self.store.put(manifest_key(version), data)
+        self.store.put(manifest_key(version), data)  # the commit point: the version exists
+        if self.feed is not None:  # followers need no LATEST: they get the manifest itself
+            self.feed.announce(manifest, data, self._kept)
+        self._kept = None
         self.store.put(LATEST_KEY, latest_bytes(version, data, latest_head(manifest)))
         self.announced_at = time.time()
         self._last_published = max(version, self._last_published or version)
@@ -214,8 +231,11 @@ class WeightPublisher:
             # shards of a version this publisher has not written yet may exist only from an earlier
             # process (killed mid-upload): only then is each looked up first, to skip re-sending it
             resume = self._last_published is None or version <= self._last_published
+            keep = {"delta": self.feed.inline_max_bytes if self.feed is not None else 0, "snapshot": 0}
             writers = {
-                kind: _ShardWriter(self.store, version, kind, self.shard_bytes, up, self.connections, resume)
+                kind: _ShardWriter(
+                    self.store, version, kind, self.shard_bytes, up, self.connections, resume, keep[kind]
+                )
                 for kind, wanted in (("delta", parent is not None), ("snapshot", with_snapshot))
                 if wanted
             }
@@ -241,6 +261,7 @@ class WeightPublisher:
             codecs = {"delta": CODEC_DELTA, "snapshot": CODEC_SNAPSHOT}
             parents = {"delta": parent_version, "snapshot": None}
             encodings = {k: w.finish(codecs[k], parents[k]) for k, w in writers.items()}
+            self._kept = writers["delta"].kept if "delta" in writers else None
         self._parent, self._parent_version = new_parent, version
         return Manifest(
             version=version,

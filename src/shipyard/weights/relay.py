@@ -33,6 +33,7 @@ from typing import Any
 
 from shipyard.store.transfer import DEFAULT_CHUNK
 from shipyard.store.types import Store
+from shipyard.weights.feed import FeedFollower, Push, VersionFeed
 from shipyard.weights.leases import collect_garbage, write_record
 from shipyard.weights.types import (
     LATEST_KEY,
@@ -78,6 +79,7 @@ class WeightRelay:
         keep: int = 2,
         lease_ttl_s: float = 120.0,
         decode_nice: int = 10,
+        feed: VersionFeed | None = None,
     ) -> None:
         self.origin, self.mirror, self.name = origin, mirror, name
         self.reader = VersionReader(
@@ -108,6 +110,11 @@ class WeightRelay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watcher: HeadWatcher | None = None
+        self.feed = feed
+        """The region's feed: told of every version as soon as the mirror's LATEST moved (servers
+        that follow it adopt without polling the mirror)."""
+        self._follower: FeedFollower | None = None
+        self._pushes: dict[int, Push] = {}
 
     def _copy_shard(self, version: int, shard: ShardEntry, data: bytes) -> None:
         self.mirror.put(shard_key(version, shard.name), data)
@@ -129,11 +136,16 @@ class WeightRelay:
 
         ``head``: LATEST's head line when the caller just read it (:class:`HeadWatcher`); when it
         names a delta against the version held, its shards are fetched in the same round trip as
-        the manifest."""
+        the manifest. When a feed pushed that version (:meth:`accept`), its manifest and inline
+        shards are used and the origin is not asked at all."""
         if not self._loaded:
             self._load_mirror()
         self._sync_at = time.time()
-        if head is not None and (self.version is None or head.version > self.version):
+        push = self._pushes.pop(head.version, None) if head is not None else None
+        if push is not None and (self.version is None or push.version > self.version):
+            self.reader.provide(push.version, push.shards)  # verified against the manifest when used
+            target, hint = push.version, push.manifest
+        elif head is not None and (self.version is None or head.version > self.version):
             if head.parent is not None and head.parent == self.version:
                 self.reader.prefetch(head.version, head.shards)
             target, hint = read_latest(self.origin)
@@ -225,6 +237,23 @@ class WeightRelay:
         self.mirror.put(LATEST_KEY, latest_bytes(m.version, data, latest_head(m)))
         self._mirrored[m.version] = m
         self._announced_at = time.time()
+        if self.feed is not None:
+            delta, memo = m.encodings.get("delta"), self.reader.memo or {}
+            names = [s.name for s in delta.shards] if delta is not None else []
+            shards = {n: memo[(m.version, n)] for n in names if (m.version, n) in memo}
+            self.feed.announce(m, data, shards if len(shards) == len(names) else None)
+
+    def accept(self, push: Push) -> None:
+        """A version the origin's feed pushed: :meth:`sync_once` for its head uses it."""
+        if self.version is None or push.version > self.version:
+            self._pushes = {v: p for v, p in self._pushes.items() if v > push.version - 4}
+            self._pushes[push.version] = push
+
+    def on_push(self, push: Push) -> None:
+        """A feed follower's callback: accept the push and wake the thread :meth:`start` runs."""
+        self.accept(push)
+        if self._watcher is not None:
+            self._watcher.offer(latest_head(push.manifest))
 
     def _retract(self, m: Manifest, previous: int | None) -> None:
         """Undo an announcement whose version failed to decode."""
@@ -279,11 +308,14 @@ class WeightRelay:
         self.stats.repaired += len(repaired)
         return repaired
 
-    def start(self, poll_s: float = 0.5) -> WeightRelay:
+    def start(self, poll_s: float = 0.5, feed_url: str | None = None) -> WeightRelay:
         """Follow the origin in a background thread: LATEST's head is read every ``poll_s``
         (reads overlap when the round trip is longer, see :class:`HeadWatcher`), and a new
-        version is mirrored as soon as one read shows it."""
+        version is mirrored as soon as one read shows it, or as soon as the origin's feed at
+        ``feed_url`` pushes it."""
         self._watcher = HeadWatcher(self.origin, poll_s).start()
+        if feed_url is not None:
+            self._follower = FeedFollower(feed_url, after=lambda: self.version, on_push=self.on_push).start()
 
         def run() -> None:
             while not self._stop.is_set():
@@ -305,6 +337,8 @@ class WeightRelay:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._follower is not None:
+            self._follower.stop()
         if self._watcher is not None:
             self._watcher.stop()
         if self._thread is not None:
@@ -330,39 +364,49 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
     from shipyard.store import open_store
 
     console = Console()
-    w = cfg.weights
+    w, r = cfg.weights, cfg.relay
+    feed = None
+    if r.feed_port is not None:  # the region's servers follow it (their `weights.follow_url`)
+        feed = VersionFeed(w.feed_host, r.feed_port, int(w.feed_inline_mb * (1 << 20))).start()
     relay = WeightRelay(
         open_store(cfg.store),
-        open_store(cfg.relay.mirror),
-        name=f"relay-{cfg.relay.region}",
-        cache_dir=Path(w.cache_dir).expanduser() / f"relay-{cfg.relay.region}" if w.cache_dir else None,
+        open_store(r.mirror),
+        name=f"relay-{r.region}",
+        cache_dir=Path(w.cache_dir).expanduser() / f"relay-{r.region}" if w.cache_dir else None,
         connections=cfg.store.connections,
         chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
         workers=w.workers,
         keep=w.keep,
         lease_ttl_s=w.lease_ttl_s,
+        feed=feed,
     )
-    console.print(f"relay {cfg.relay.region}: {cfg.store.root} -> {cfg.relay.mirror.root} (Ctrl-C stops)")
+    console.print(f"relay {r.region}: {cfg.store.root} -> {r.mirror.root} (Ctrl-C stops)")
+    if feed is not None:
+        console.print(f"region feed at {feed.url}")
     t_end = None if max_s is None else time.monotonic() + max_s
-    watcher = HeadWatcher(relay.origin, cfg.relay.poll_s).start()  # overlapping polls of the head
-    head: LatestHead | None = None
+    shown = errors = 0
     try:
-        while True:  # one sync at least, however short ``max_s``
-            try:
-                mirrored = relay.sync_once(head)
-                for v in mirrored:
-                    console.print(f"version {v} mirrored ({relay.stats.origin_bytes} origin bytes so far)")
-                if head is not None and not mirrored:  # a head we cannot reach (LATEST went back): no spin
-                    time.sleep(cfg.relay.poll_s)
-            except (OSError, ValueError, LookupError) as e:
-                console.print(f"[yellow]sync failed, retrying: {e}")
-                time.sleep(cfg.relay.poll_s)
+        try:  # one sync at least, however short ``max_s``
+            relay.sync_once()
+        except (OSError, ValueError, LookupError) as e:
+            console.print(f"[yellow]sync failed, retrying: {e}")
+        relay.start(r.poll_s, r.feed_url)
+        while True:
+            for rec in relay.log[shown:]:
+                console.print(
+                    f"version {rec['version']} mirrored ({relay.stats.origin_bytes} origin bytes so far)"
+                )
+            shown = len(relay.log)
+            for err in relay.errors[errors:]:
+                console.print(f"[yellow]{err}")
+            errors = len(relay.errors)
             if t_end is not None and time.monotonic() >= t_end:
                 break
-            wait_s = 1.0 if t_end is None else min(1.0, t_end - time.monotonic())
-            head = watcher.wait_newer(relay.version, timeout_s=wait_s)
+            time.sleep(0.05)
     except KeyboardInterrupt:
         pass
     finally:
-        watcher.stop()
+        relay.stop()
+        if feed is not None:
+            feed.close()
     return relay

@@ -1,8 +1,9 @@
 """Weight subscriber: keeps an inference engine on the newest published version.
 
-Contract: :meth:`WeightSubscriber.poll_once` (a background thread calls it every ``poll_s``)
-reads ``weights/LATEST``; when it names a version newer than the one the sink serves, it plans
-the cheapest verified path from the served version (:func:`~shipyard.weights.versions.reach`:
+Contract: :meth:`WeightSubscriber.poll_once` (a background thread calls it every ``poll_s``,
+and at once when a :mod:`~shipyard.weights.feed` pushes a version) reads ``weights/LATEST`` (or
+takes the pushed manifest and shards); when it names a version newer than the one the sink
+serves, it plans the cheapest verified path from the served version (:func:`~shipyard.weights.versions.reach`:
 a delta chain from the live weights, or a snapshot plus deltas), downloads the shards (resumable,
 into ``cache_dir``) and decodes them into staging buffers while the live weights keep serving,
 verifies every tensor's digest, then hands the tensors that changed to ``sink.stage``, with the
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 
 from shipyard.store.transfer import DEFAULT_CHUNK
 from shipyard.store.types import Store
+from shipyard.weights.feed import FeedFollower, Push
 from shipyard.weights.leases import remove_record, write_record
 from shipyard.weights.publisher import named_params
 from shipyard.weights.versions import VersionReader, reach, read_latest
@@ -114,6 +116,9 @@ class WeightSubscriber:
         self._staging_version: int | None = None
         self._beat = 0.0
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._push: Push | None = None
+        self._follower: FeedFollower | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -121,9 +126,15 @@ class WeightSubscriber:
         return self.sink.version()
 
     def poll_once(self) -> bool:
-        """Adopt LATEST if it is newer; True when a new version is being served."""
+        """Adopt LATEST if it is newer (or the version a feed pushed, without reading LATEST);
+        True when a new version is being served."""
         cur = self.sink.version()
-        latest, hint = read_latest(self.store, known=cur)
+        push, self._push = self._push, None
+        if push is not None and push.version > cur:
+            self.reader.provide(push.version, push.shards)  # verified against the manifest when used
+            latest, hint = push.version, push.manifest
+        else:
+            latest, hint = read_latest(self.store, known=cur)
         if time.time() - self._beat > self.lease_ttl_s / 4:
             self._renew(cur)
         if latest is None or latest <= cur:
@@ -182,13 +193,25 @@ class WeightSubscriber:
         write_record(self.store, self.name, version, self.lease_ttl_s)
         self._beat = time.time()
 
-    def start(self) -> WeightSubscriber:
+    def start(self, feed_url: str | None = None) -> WeightSubscriber:
+        """Poll in a background thread every ``poll_s``; with ``feed_url`` (the feed of the store's
+        writer: a region's relay, or the trainer), also adopt each version the moment it is pushed."""
+        if feed_url is not None:
+            self._follower = FeedFollower(feed_url, after=self.sink.version, on_push=self._on_push).start()
         self._thread = threading.Thread(target=self._run, name="weight-subscriber", daemon=True)
         self._thread.start()
         return self
 
+    def _on_push(self, push: Push) -> None:
+        self._push = push
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.poll_once()
             except (OSError, ValueError, TimeoutError) as e:  # store unreachable: keep serving, retry
@@ -196,6 +219,9 @@ class WeightSubscriber:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._follower is not None:
+            self._follower.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
         try:

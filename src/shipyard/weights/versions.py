@@ -109,8 +109,13 @@ class HeadWatcher:
             head = None
         finally:
             self._slots.release()
+        if head is not None:
+            self.offer(head)
+
+    def offer(self, head: LatestHead) -> None:
+        """A head learned another way (a feed's push): wakes ``wait_newer`` like a poll would."""
         with self._cond:
-            if head is not None and (self.head is None or head.version > self.head.version):
+            if self.head is None or head.version > self.head.version:
                 self.head = head
                 self._cond.notify_all()
 
@@ -279,6 +284,14 @@ class VersionReader:
                 self._prefetched[(version, name)] = self._prefetch_pool.submit(
                     fetch_bytes, self.store, key, size, self.connections, self.chunk_bytes
                 )
+
+    def provide(self, version: int, shards: Mapping[str, bytes]) -> None:
+        """Shards of ``version`` that arrived another way (a feed's push): :meth:`shard` takes them
+        like prefetched ones, verified against the manifest (a mismatch is fetched again)."""
+        for name, data in shards.items():
+            done: Future[bytes] = Future()
+            done.set_result(data)
+            self._prefetched[(version, name)] = done
 
     def drop_prefetched(self, below: int) -> None:
         """Forget prefetched shards of versions older than ``below``."""

@@ -1,0 +1,166 @@
+"""Version feed (real HTTP on loopback): a committed version is pushed to a relay and on to a
+region's server without any store round trip; pushed bytes are verified like fetched ones; a
+follower that fell behind, or a feed that is down, falls back to the store."""
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shipyard.config.schema import ModelConfig
+from shipyard.inference.engine import EmbeddedEngine
+from shipyard.models.loading import load_model
+from shipyard.store import LocalStore
+from shipyard.weights.feed import FeedFollower, VersionFeed, pack_push, unpack_push
+from shipyard.weights.publisher import WeightPublisher, named_params
+from shipyard.weights.relay import WeightRelay
+from shipyard.weights.subscriber import EngineSink, WeightSubscriber
+from shipyard.weights.types import latest_head, manifest_key, shard_key
+
+
+def _until(cond, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def feed():  # type: ignore[no-untyped-def]
+    f = VersionFeed(inline_max_bytes=1 << 20).start()
+    yield f
+    f.close()
+
+
+def test_push_round_trips_and_bad_bodies_are_named(tmp_path: Path, feed: VersionFeed, make_chain) -> None:
+    store = LocalStore(tmp_path)
+    pub = WeightPublisher(store, feed=feed)
+    states = make_chain(3)
+    for v in range(3):
+        pub.publish(v, states[v])
+    m2 = feed.latest.manifest  # type: ignore[union-attr]
+    assert m2.version == 2 and feed.latest.parent == 1  # type: ignore[union-attr]
+    follower = FeedFollower(feed.url, after=lambda: None, on_push=lambda p: None)
+    inline = follower.request(after=1)  # holds the parent: the delta comes along
+    behind = follower.request(after=0)  # fell behind: the manifest only
+    assert inline is not None and behind is not None and inline.version == behind.version == 2
+    delta = m2.encodings["delta"].shards
+    assert {n: d for n, d in inline.shards.items()} == {
+        s.name: store.get(shard_key(2, s.name)) for s in delta
+    }
+    assert behind.shards == {} and behind.manifest_bytes == store.get(manifest_key(2))
+    t0 = time.monotonic()
+    follower.wait_s = 0.3
+    assert follower.request(after=2) is None and time.monotonic() - t0 >= 0.25, "a long poll, then 204"
+    body = pack_push(inline, inline=True)
+    assert unpack_push(body).shards == inline.shards
+    with pytest.raises(ValueError, match="header accounts for"):
+        unpack_push(body + b"x")
+    with pytest.raises(ValueError, match="not a version push"):
+        unpack_push(b"\x00\x00\x00\x05{bad}")
+
+
+def test_relay_mirrors_a_pushed_version_without_reading_the_origin(
+    tmp_path: Path, feed: VersionFeed, make_chain
+) -> None:
+    states = make_chain(4)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, snapshot_every=10, feed=feed)
+    pub.publish(0, states[0])
+    far = LocalStore(tmp_path / "origin")  # the relay's own view of the origin: its reads alone
+    relay = WeightRelay(far, mirror, name="relay-eu").start(poll_s=3600.0, feed_url=feed.url)
+    try:
+        assert _until(lambda: relay.version == 0)
+        for v in (1, 2, 3):
+            reads = far.stats.reads
+            t0 = time.monotonic()
+            pub.publish(v, states[v])
+            assert _until(lambda v=v: relay.version == v), f"version {v} pushed, not polled (poll_s is 1 h)"
+            assert time.monotonic() - t0 < 10
+            assert far.stats.reads == reads, "manifest and shards came with the push"
+            assert torch.equal(relay.state["w"], states[v]["w"])
+        assert relay.stats.origin_bytes == sum(
+            origin.size(shard_key(v, s.name))
+            for v in (0, 1, 2, 3)
+            for s in pub._manifests[v].encodings["delta" if v else "snapshot"].shards
+        ), "pushed bytes count as origin bytes, once"
+        assert relay._follower is not None and relay._follower.pushes == 4 and not relay.errors
+    finally:
+        relay.stop()
+
+
+def test_a_corrupted_push_is_refetched_from_the_store(tmp_path: Path, feed: VersionFeed, make_chain) -> None:
+    states = make_chain(2)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, feed=feed)
+    pub.publish(0, states[0])
+    relay = WeightRelay(origin, mirror, name="relay-x")
+    assert relay.sync_once() == [0]
+    pub.publish(1, states[1])
+    good = feed.latest
+    assert good is not None and good.shards
+    bad = {n: bytes([d[0] ^ 1]) + d[1:] for n, d in good.shards.items()}
+    relay.accept(dataclasses.replace(good, shards=bad))
+    fetched = relay.reader.stats.bytes_fetched
+    assert relay.sync_once(latest_head(good.manifest)) == [1]
+    assert torch.equal(relay.state["w"], states[1]["w"])
+    size = sum(len(d) for d in good.shards.values())
+    assert relay.reader.stats.bytes_fetched - fetched == 2 * size, "the bad push, then the store's copy"
+    assert all(mirror.get(shard_key(1, n)) == d for n, d in good.shards.items())
+
+
+def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain) -> None:
+    dead = VersionFeed().start()
+    url = dead.url
+    dead.close()
+    states = make_chain(2)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin)
+    pub.publish(0, states[0])
+    relay = WeightRelay(origin, mirror, name="relay-y").start(poll_s=0.05, feed_url=url)
+    try:
+        pub.publish(1, states[1])
+        assert _until(lambda: relay.version == 1)
+        assert relay._follower is not None and relay._follower.errors, "the dead feed was noticed"
+    finally:
+        t0 = time.monotonic()
+        relay.stop()
+    assert time.monotonic() - t0 < 5
+
+
+def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed) -> None:
+    """Publisher -> origin feed -> relay -> the region's feed -> an engine's subscriber, with
+    every poll an hour apart: each version is served bit for bit, through pushes alone."""
+    torch.manual_seed(0)
+    trainer, _ = load_model(ModelConfig(source="tiny"))
+    served, tok = load_model(ModelConfig(source="tiny"))
+    engine = EmbeddedEngine(served.to(torch.bfloat16), tok, max_batch=1, version=0)
+    origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
+    pub = WeightPublisher(origin, feed=feed, dtype=torch.bfloat16)
+    pub.publish(0, named_params(trainer))
+    region_feed = VersionFeed().start()
+    relay = WeightRelay(origin, mirror, name="relay-eu", feed=region_feed).start(3600.0, feed.url)
+    sub = WeightSubscriber(mirror, EngineSink(engine), name="s0", poll_s=3600.0)
+    sub.start(feed_url=region_feed.url)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=1e-4)
+    try:
+        assert _until(lambda: relay.version == 0)
+        for v in (1, 2):
+            ids = torch.randint(0, trainer.config.vocab_size, (2, 10))
+            trainer(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            pub.publish(v, named_params(trainer))
+            assert _until(lambda v=v: engine.version == v), f"version {v} reached the engine by push"
+            assert sub.adopted[-1]["path"] == [f"{v}:delta"]
+            for k, t in named_params(trainer).items():
+                assert torch.equal(named_params(served)[k], t.detach().bfloat16()), k
+        assert region_feed.served >= 2 and not sub.errors
+    finally:
+        sub.stop()
+        relay.stop()
+        region_feed.close()
