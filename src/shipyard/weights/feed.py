@@ -12,9 +12,10 @@ one and a half round trips.
 
 Contract:
 - A push carries exactly what the store holds, announced only once the version is committed
-  (its manifest written; the publisher moves LATEST right after): the manifest's bytes verbatim and shards the follower verifies against the manifest's SHA-256
-  before use (:meth:`~shipyard.weights.versions.VersionReader.provide`). A follower that acts
-  on a push acts on a committed version.
+  (its manifest written; the publisher moves LATEST right after): the manifest's bytes verbatim
+  and shards the follower verifies against the manifest's SHA-256 before use
+  (:meth:`~shipyard.weights.versions.VersionReader.provide`). A follower that acts on a push
+  acts on a committed version.
 - The feed never replaces the store. Followers keep polling it (at their usual ``poll_s``); a
   feed that is down, slow or restarted costs latency, never a version. A follower that fell
   behind by more than one version gets the manifest only and plans its path through the store.
@@ -125,8 +126,8 @@ class VersionFeed:
         return self
 
     def announce(self, manifest: Manifest, manifest_bytes: bytes, shards: Mapping[str, bytes] | None) -> None:
-        """``manifest``'s version is committed (its manifest is in the store); ``shards``: its delta's shards when
-        the caller has them in memory (kept only while their total fits ``inline_max_bytes``)."""
+        """``manifest``'s version is committed (its manifest is in the store); ``shards``: its
+        delta's shards when the caller has them in memory (kept while they fit ``inline_max_bytes``)."""
         kept = dict(shards or {})
         if sum(len(d) for d in kept.values()) > self.inline_max_bytes:
             kept = {}

@@ -89,8 +89,9 @@ class _ShardWriter:
         entry = ShardEntry(f"{self.prefix}-{len(self.shards):05d}-{sha[:16]}.bin", len(data), sha)
         self.shards.append(entry)
         if self.kept is not None:
-            kept = sum(len(d) for d in self.kept.values()) + len(data)
-            self.kept = {**self.kept, entry.name: data} if kept <= self.keep_max else None
+            self.kept[entry.name] = data
+            if sum(len(d) for d in self.kept.values()) > self.keep_max:
+                self.kept = None
         key = shard_key(self.version, entry.name)
         self._slots.acquire()
 
