@@ -142,9 +142,8 @@ class WeightPublisher:
         """torch dtype versions are published in (the serving dtype); None keeps the tensors' own."""
         """False: every version is a full snapshot (the baseline that ships whole models)."""
         self.feed = feed
-        """Told of every version once LATEST moved, with the delta's shards when they fit its
-        ``inline_max_bytes`` (followers then need no store round trip)."""
-        self._kept: dict[str, bytes] | None = None
+        """Told of every version once its manifest is written (just before LATEST moves), with the
+        delta's shards when they fit its ``inline_max_bytes`` (followers need no store round trip)."""
         self._parent: dict[str, Any] | None = None
         self._parent_version: int | None = None
         self._indexes: dict[str, Any] = {}
@@ -168,7 +167,7 @@ class WeightPublisher:
             parent = None  # republishing an old version: no delta against a newer parent
         with_snapshot = parent is None or version % self.snapshot_every == 0
         try:
-            manifest = self._write(version, tensors, parent, with_snapshot, extra or {})
+            manifest, kept = self._write(version, tensors, parent, with_snapshot, extra or {})
         except BaseException:
             self._parent, self._parent_version = None, None  # the parent copy may be half updated
             self._indexes = {}
@@ -176,8 +175,7 @@ class WeightPublisher:
         data = manifest.to_bytes()
         self.store.put(manifest_key(version), data)  # the commit point: the version exists
         if self.feed is not None:  # followers need no LATEST: they get the manifest itself
-            self.feed.announce(manifest, data, self._kept)
-        self._kept = None
+            self.feed.announce(manifest, data, kept)
         self.store.put(LATEST_KEY, latest_bytes(version, data, latest_head(manifest)))
         self.announced_at = time.time()
         self._last_published = max(version, self._last_published or version)
@@ -219,7 +217,8 @@ class WeightPublisher:
         parent: dict[str, Any] | None,
         with_snapshot: bool,
         extra: dict[str, Any],
-    ) -> Manifest:
+    ) -> tuple[Manifest, dict[str, bytes] | None]:
+        """The version's manifest, and its delta shards' bytes when they fit the feed's inline limit."""
         from shipyard.weights.codec import encode_delta, encode_snapshot, indexes_for, tensor_digest
 
         entries: dict[str, TensorEntry] = {}
@@ -262,9 +261,9 @@ class WeightPublisher:
             codecs = {"delta": CODEC_DELTA, "snapshot": CODEC_SNAPSHOT}
             parents = {"delta": parent_version, "snapshot": None}
             encodings = {k: w.finish(codecs[k], parents[k]) for k, w in writers.items()}
-            self._kept = writers["delta"].kept if "delta" in writers else None
+            kept = writers["delta"].kept if "delta" in writers else None
         self._parent, self._parent_version = new_parent, version
-        return Manifest(
+        manifest = Manifest(
             version=version,
             parent=parent_version,
             tensors=entries,
@@ -273,6 +272,7 @@ class WeightPublisher:
             created_at=time.time(),
             extra=extra,
         )
+        return manifest, kept
 
 
 def _ordered_map(fn: Any, names: list[str], workers: int) -> Iterator[Any]:

@@ -3,8 +3,8 @@
 Contract: :meth:`WeightSubscriber.poll_once` (a background thread calls it every ``poll_s``,
 and at once when a :mod:`~shipyard.weights.feed` pushes a version) reads ``weights/LATEST`` (or
 takes the pushed manifest and shards); when it names a version newer than the one the sink
-serves, it plans the cheapest verified path from the served version (:func:`~shipyard.weights.versions.reach`:
-a delta chain from the live weights, or a snapshot plus deltas), downloads the shards (resumable,
+serves, it plans the cheapest verified path from the served version
+(:func:`~shipyard.weights.versions.reach`: a delta chain from the live weights, or a snapshot plus deltas), downloads the shards (resumable,
 into ``cache_dir``) and decodes them into staging buffers while the live weights keep serving,
 verifies every tensor's digest, then hands the tensors that changed to ``sink.stage``, with the
 positions where each differs from the live copy (a delta step touches a fraction of a percent of a
