@@ -1,5 +1,7 @@
 """Given a Ray address, the same config joins that cluster: a token-authenticated head node this
-test starts on loopback (127.0.0.2: Ray rewrites 127.0.0.1 to the outward interface)."""
+test starts on loopback (127.0.0.2: Ray rewrites 127.0.0.1 to the outward interface). The run is
+`shipyard train` in a process of its own: Ray keeps a process's auth token for its lifetime, so
+joining the token cluster in-process would break every later local `ray.init` of the session."""
 
 import os
 import secrets
@@ -14,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.config import load_config
-from shipyard.orchestrate.train import train
 from shipyard.store import LocalStore
 from shipyard.weights.snapshot import latest_version
 
@@ -42,13 +42,11 @@ def _wait_listening(port: int, deadline_s: float, log: Path) -> None:
 
 
 @pytest.mark.slow
-def test_run_joins_an_existing_ray_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
     port = _free_port()
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths cap at 107 bytes
     head_log = tmp_path / "head.log"
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    for k, v in auth.items():
-        monkeypatch.setenv(k, v)
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", f"--port={port}", f"--node-ip-address={HOST}", "--num-cpus=4"]
         + ["--include-dashboard=false", f"--temp-dir={ray_tmp}", "--disable-usage-stats"],
@@ -59,17 +57,22 @@ def test_run_joins_an_existing_ray_cluster(tmp_path: Path, monkeypatch: pytest.M
     )
     try:
         _wait_listening(port, deadline_s=120, log=head_log)
-        cfg = load_config(
-            ROOT / "configs/tiny.toml",
-            [
-                "run.placement=ray",
-                f'run.ray_address="{HOST}:{port}"',
-                "trainer.steps=2",
-                f'run.output_dir="{tmp_path}"',
-                f'store.root="{tmp_path / "store"}"',
-            ],
+        overrides = [
+            "run.placement=ray",
+            f'run.ray_address="{HOST}:{port}"',
+            "trainer.steps=2",
+            f'run.output_dir="{tmp_path}"',
+            f'store.root="{tmp_path / "store"}"',
+        ]
+        shipyard = str(Path(sys.executable).with_name("shipyard"))
+        run = subprocess.run(
+            [shipyard, "train", str(ROOT / "configs/tiny.toml"), *overrides],
+            env={**os.environ, **auth},
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
-        assert train(cfg)["trainer"]["final_version"] == 2
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert latest_version(LocalStore(tmp_path / "store")) == 2
         # The actors ran in the head's session, not in a Ray instance this process started.
         sessions = list(ray_tmp.glob("session_*/logs/worker-*.out"))

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
 from shipyard.eval.evaluate import evaluate
+from shipyard.metrics.progress import StepBar
 from shipyard.orchestrate.components import heldout_tasks, session_spec, task_splits
 
 ENV_SUITES = ("db", "repo")
@@ -63,14 +63,14 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     for name, tasks in suites.items():
         if not tasks:
             continue
-        with Progress(console=console) as bar, env:  # env: services stop after each suite
-            t = bar.add_task(f"{name} ({cfg.eval.label})", total=len(tasks))
+        # env: services stop after each suite
+        with StepBar(f"{name} ({cfg.eval.label})", total=len(tasks), console=console) as bar, env:
             res = evaluate(
                 spec,
                 tasks,
                 cfg.eval.temperature,
                 cfg.rollout.concurrency,
-                lambda t=t: bar.advance(t),
+                bar.advance,
                 env=env if name in ENV_SUITES else None,
             )
         lo, hi = res.ci95()

@@ -2,13 +2,15 @@
 
 Contract: :class:`RunProgress` renders a rich live view — a progress bar with ETA and a table of
 the newest step's reward, staleness, drops, mismatch, throughput and trainer idle share —
-refreshed from ``metrics.jsonl`` whenever :meth:`refresh` is called. It reads the file the
-trainer writes, so it works the same whichever process or machine the trainer runs on.
+refreshed from ``metrics.jsonl`` whenever :meth:`refresh` is called; on a pipe or a log file it
+prints the same figures as one plain line per new step instead. It reads the file the trainer
+writes, so it works the same whichever process or machine the trainer runs on.
 :class:`StepBar` is a plain bar for any counted work that also reports on a pipe or a log file.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,28 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def step_figures(last: dict[str, Any], run: dict[str, float]) -> dict[str, str]:
+    """The progress view's columns for the newest train record ``last`` and run figures ``run``."""
+    return {
+        "step": f"{last['step']}",
+        "reward": f"{last['reward/mean']:.3f}",
+        "solved": f"{last['reward/solved_frac']:.2f}",
+        "staleness": f"{last['staleness/mean']:.2f} (max {last['staleness/max']:.0f})",
+        "dropped": f"{run['dropped_stale']:.0f}",
+        "k3": f"{last.get('mismatch/k3', float('nan')):.2e}",
+        "samples/s": f"{run['samples_per_s']:.2f}",
+        "tok/s": f"{run['tokens_per_s']:.0f}",
+        "trainer idle": f"{100 * run['trainer_idle_frac']:.0f}%",
+    }
+
+
 class RunProgress:
-    def __init__(self, metrics_path: Path, total_steps: int, start_step: int = 0) -> None:
-        self.path = metrics_path
+    def __init__(
+        self, metrics_path: Path, total_steps: int, start_step: int = 0, console: Console | None = None
+    ) -> None:
+        self.path, self.total = metrics_path, total_steps
+        self.console = console or Console()
+        self.printed = start_step  # on a pipe: the last step printed as a line
         self.bar = Progress(
             TextColumn("[bold]training"),
             BarColumn(),
@@ -60,34 +81,36 @@ class RunProgress:
             TimeRemainingColumn(),
         )
         self.task = self.bar.add_task("train", total=total_steps, completed=start_step)
-        self.live = Live(Group(self.bar, Table()), refresh_per_second=2)
+        self.live = (
+            Live(Group(self.bar, Table()), refresh_per_second=2, console=self.console)
+            if self.console.is_terminal
+            else None
+        )
 
     def __enter__(self) -> RunProgress:
-        self.live.__enter__()
+        if self.live is not None:
+            self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.refresh()
-        self.live.__exit__(None, None, None)
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
 
     def refresh(self) -> None:
         records = [r for r in read_metrics(self.path) if r.get("kind") == "train"]
         if not records:
             return
         last, run = records[-1], summarize(records)
+        cols = step_figures(last, run)
+        if self.live is None:
+            if last["step"] > self.printed:
+                self.printed = last["step"]
+                line = ", ".join(f"{k} {v}" for k, v in cols.items() if k != "step")
+                self.console.print(f"training: step {last['step']}/{self.total}, {line}", highlight=False)
+            return
         self.bar.update(self.task, completed=last["step"])
         table = Table(show_header=True, header_style="bold")
-        cols = {
-            "step": f"{last['step']}",
-            "reward": f"{last['reward/mean']:.3f}",
-            "solved": f"{last['reward/solved_frac']:.2f}",
-            "staleness": f"{last['staleness/mean']:.2f} (max {last['staleness/max']:.0f})",
-            "dropped": f"{run['dropped_stale']:.0f}",
-            "k3": f"{last.get('mismatch/k3', float('nan')):.2e}",
-            "samples/s": f"{run['samples_per_s']:.2f}",
-            "tok/s": f"{run['tokens_per_s']:.0f}",
-            "trainer idle": f"{100 * run['trainer_idle_frac']:.0f}%",
-        }
         for k in cols:
             table.add_column(k)
         table.add_row(*cols.values())
@@ -113,6 +136,7 @@ class StepBar:
         self.task = self.bar.add_task(label, total=total) if self.bar is not None else None
         self.t0 = self.last = time.monotonic()
         self.completed, self.note = 0, ""
+        self._lock = threading.Lock()  # advance() is called from worker threads
 
     def __enter__(self) -> StepBar:
         if self.bar is not None:
@@ -124,6 +148,11 @@ class StepBar:
             self.bar.stop()
         elif self.completed:
             self._line()
+
+    def advance(self, n: int = 1) -> None:
+        """``n`` more units done (for callbacks that count one at a time, from any thread)."""
+        with self._lock:
+            self.update(self.completed + n, self.note)
 
     def update(self, completed: int, note: str = "") -> None:
         self.completed, self.note = completed, note

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from shipyard.config.schema import ShipyardConfig
 from shipyard.eval.evaluate import EvalResult, evaluate
 from shipyard.eval.stats import paired_diff_ci
 from shipyard.metrics.logger import read_metrics
 from shipyard.metrics.plot import plot_run
-from shipyard.metrics.progress import RunProgress, summarize
+from shipyard.metrics.progress import RunProgress, StepBar, summarize
 from shipyard.orchestrate.base import make_placement
 from shipyard.orchestrate.components import session_spec, task_splits
 from shipyard.rollout.worker import FINISHED_KEY
@@ -79,9 +78,8 @@ def _eval_once(path: Path, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> 
 
 
 def _run_eval(label: str, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:
-    with Progress(console=console) as bar:
-        task = bar.add_task(f"held-out eval ({label})", total=len(tasks))
-        res = evaluate(spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, lambda: bar.advance(task))
+    with StepBar(f"held-out eval ({label})", total=len(tasks), console=console) as bar:
+        res = evaluate(spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, bar.advance)
     lo, hi = res.ci95()
     console.print(f"held-out pass@1 {label}: {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] on {res.n} tasks")
     return res
@@ -89,7 +87,7 @@ def _run_eval(label: str, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> E
 
 def _watch(placement: Any, run_dir: Path, steps: int) -> None:
     done = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
-    with RunProgress(run_dir / "metrics.jsonl", steps, start_step=max(done, default=0)) as prog:
+    with RunProgress(run_dir / "metrics.jsonl", steps, max(done, default=0), console) as prog:
         while not placement.trainer_done():
             prog.refresh()
             time.sleep(1.0)
