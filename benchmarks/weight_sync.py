@@ -26,7 +26,7 @@ encoding, upload, relay polling, the long-haul fetch, decoding, digest checks an
 bytes on each long-haul link (the origin-side veth's tx counter: payload, HTTP and TCP); the
 inference pause of every server (the in-place apply between decode steps); and the bound
 ``shipped bytes / link bandwidth + RTT``. Prints rich tables and writes
-``benchmarks/results/weight_sync.json`` (keys ``sync_s``, ``bound_s``, ``pause_p50_s``,
+``benchmarks/results/weight_sync.json`` (``--quick``: ``weight_sync_quick.json``; keys ``sync_s``, ``bound_s``, ``pause_p50_s``,
 ``pause_p99_s``, ``regions`` for ours; the same under ``baseline``; per-version records).
 
 Limits, stated in the output too: this kernel has no ``sch_netem`` (``tbf`` and ``htb`` exist), so
@@ -109,8 +109,9 @@ class DelayStore:
 
 
 def delay_follower(url: str, after: Any, on_push: Any, rtt_s: float) -> Any:
-    """A :class:`FeedFollower` across the emulated link: its long poll reaches the origin half a
-    round trip after it is sent, and the push comes back half a round trip after it is sent."""
+    """A :class:`FeedFollower` across the emulated link (not started): its long poll reaches the
+    origin half a round trip after it is sent, and the push comes back half a round trip after it
+    is sent."""
     from shipyard.weights.feed import FeedFollower
 
     class DelayFollower(FeedFollower):
@@ -120,7 +121,7 @@ def delay_follower(url: str, after: Any, on_push: Any, rtt_s: float) -> Any:
             time.sleep(rtt_s / 2)
             return push
 
-    return DelayFollower(url, after, on_push).start()
+    return DelayFollower(url, after, on_push)
 
 
 # ---------------------------------------------------------------- roles run inside namespaces
@@ -191,13 +192,14 @@ def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
     )
     feed = VersionFeed().start() if mode in ports else None  # the region's feed, on loopback
     relay = WeightRelay(origin, mirror, name=f"relay-{args.region}", connections=8, feed=feed)
-    # with a feed, polling the origin is the fallback: at the pace a deployment would use it, so a
-    # poll that happens to land first does not take a version's fetch away from its push
-    relay.start(poll_s=args.poll_s if feed is None else max(args.poll_s, 1.0))
+    follower = None
     if mode in ports:
         host = args.endpoint.split("//")[1].rsplit(":", 1)[0]
         url = f"http://{host}:{ports[mode]}"
-        delay_follower(url, lambda: relay.version, relay.on_push, args.rtt_ms / 1000)
+        follower = delay_follower(url, lambda: relay.version, relay.on_push, args.rtt_ms / 1000)
+    # with a feed, polling the origin is the fallback, at the pace a deployment would use; a poll
+    # that lands before the push waits feed_grace_s for it rather than fetching the version itself
+    relay.start(poll_s=args.poll_s if follower is None else max(args.poll_s, 1.0), follower=follower)
     cfg = ModelConfig(source="tiny") if args.model == "tiny" else ModelConfig()
     subs = []
     for j in range(args.servers):
@@ -606,7 +608,9 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="relays and servers only poll (no version feed pushing each version as it is committed)",
     )
-    ap.add_argument("--out", default="benchmarks/results/weight_sync.json")
+    ap.add_argument(
+        "--out", default=None, help="results file (default weight_sync.json; --quick: weight_sync_quick.json)"
+    )
     ap.add_argument("--role", choices=["main", "publisher", "region"], default="main", help="internal")
     internal_args = (
         "--endpoint",
@@ -625,6 +629,7 @@ def parse_args() -> argparse.Namespace:
         args.versions = args.versions or (3 if args.quick else 5)
         args.rate_mbit = args.rate_mbit or (100.0 if args.quick else 1000.0)
         args.model = args.model or ("tiny" if args.quick else "smollm2")
+        args.out = args.out or f"benchmarks/results/weight_sync{'_quick' if args.quick else ''}.json"
         if min(args.regions, args.servers, args.versions) < 1 or args.rate_mbit <= 0 or args.rtt_ms < 0:
             raise ValueError("--regions, --servers, --versions must be >= 1, --rate-mbit > 0, --rtt-ms >= 0")
     return args

@@ -3,6 +3,7 @@ region's server without any store round trip; pushed bytes are verified like fet
 follower that fell behind, or a feed that is down, falls back to the store."""
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,98 @@ def test_a_corrupted_push_is_refetched_from_the_store(tmp_path: Path, feed: Vers
     size = sum(len(d) for d in good.shards.values())
     assert relay.reader.stats.bytes_fetched - fetched == 2 * size, "the bad push, then the store's copy"
     assert all(mirror.get(shard_key(1, n)) == d for n, d in good.shards.items())
+
+
+class _ShardReads(LocalStore):
+    """The relay's view of the origin, logging which shard objects it read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.shard_keys: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        if key.endswith(".bin"):
+            self.shard_keys.append(key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if key.endswith(".bin"):
+            self.shard_keys.append(key)
+        return super().get_range(key, start, end)
+
+
+class _LatePush:
+    """Version 0 held by a relay on a shard-logging view of the origin; :meth:`commit` publishes
+    version 1 without telling the feed (LATEST moves first), :meth:`push` then announces it."""
+
+    def __init__(self, tmp_path: Path, make_chain, grace_s: float) -> None:  # type: ignore[no-untyped-def]
+        self.states = make_chain(2)
+        self.origin = LocalStore(tmp_path / "origin")
+        self.pub = WeightPublisher(self.origin)
+        self.pub.publish(0, self.states[0])
+        self.far = _ShardReads(tmp_path / "origin")
+        self.relay = WeightRelay(
+            self.far, LocalStore(tmp_path / "region"), name="relay-z", feed_grace_s=grace_s
+        )
+        assert self.relay.sync_once() == [0]  # held before its follower asks: a push of 1 carries the delta
+
+    def commit(self) -> None:
+        self.far.shard_keys.clear()
+        self.pub.publish(1, self.states[1])
+
+    def push(self, feed: VersionFeed) -> None:
+        m1 = self.pub._manifests[1]
+        shards = {s.name: self.origin.get(shard_key(1, s.name)) for s in m1.encodings["delta"].shards}
+        feed.announce(m1, m1.to_bytes(), shards)
+
+
+@pytest.mark.parametrize("grace_s", [2.0, 0.0])
+def test_a_push_overtaken_by_the_poll_is_waited_for_not_refetched(
+    tmp_path: Path, feed: VersionFeed, make_chain, grace_s: float
+) -> None:
+    late = _LatePush(tmp_path, make_chain, grace_s)
+    relay = late.relay.start(poll_s=0.02, feed_url=feed.url)
+    try:
+        assert _until(lambda: relay._follower is not None and relay._follower.healthy)
+        late.commit()
+        if grace_s:
+            time.sleep(0.2)  # the poll saw version 1 by now; its push is still "on the way"
+            assert relay.version == 0, "waiting for the push"
+        else:
+            assert _until(lambda: relay.version == 1), "fetched at once"
+        late.push(feed)
+        assert _until(lambda: relay.version == 1)
+        assert torch.equal(relay.state["w"], late.states[1]["w"]) and not relay.errors
+        if grace_s:
+            assert late.far.shard_keys == [], (
+                "the relay waited for the push instead of fetching a second copy"
+            )
+        else:
+            assert late.far.shard_keys, "without a grace the poll's version is fetched from the origin"
+    finally:
+        relay.stop()
+
+
+def test_a_plain_sync_that_reads_latest_first_takes_the_push_too(
+    tmp_path: Path, feed: VersionFeed, make_chain
+) -> None:
+    """The relay thread's periodic sync (no head from the watcher) reads LATEST itself; a version
+    it finds that way also waits for the push rather than being fetched a second time."""
+    late = _LatePush(tmp_path, make_chain, grace_s=5.0)
+    relay = late.relay
+    relay._follower = FeedFollower(feed.url, after=lambda: relay.version, on_push=relay.accept).start()
+    try:
+        assert _until(lambda: relay._follower is not None and relay._follower.healthy)
+        late.commit()
+        timer = threading.Timer(0.3, late.push, (feed,))
+        timer.start()
+        t0 = time.monotonic()
+        assert relay.sync_once() == [1]
+        assert time.monotonic() - t0 >= 0.25, "it waited for the push"
+        assert late.far.shard_keys == [] and torch.equal(relay.state["w"], late.states[1]["w"])
+        timer.join()
+    finally:
+        relay._follower.stop()
 
 
 def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain) -> None:

@@ -480,6 +480,10 @@ class RelayConfig(_Section):
     are pushed to the relay the moment they are committed; polling goes on as the fallback."""
     feed_port: int | None = Field(None, ge=0, le=65535)
     """Port of the feed this relay serves its region's servers (on `weights.feed_host`); none = no feed."""
+    feed_grace_s: float = Field(0.25, ge=0)
+    """With `feed_url` connected: how long a version a poll saw before its push arrived waits for
+    the push before the relay fetches it from the origin itself (about one round trip to the
+    origin; 0 = fetch at once)."""
 
 
 class WarmStartConfig(_Section):

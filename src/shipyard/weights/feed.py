@@ -215,6 +215,8 @@ class FeedFollower:
         self.wait_s, self.retry_s = wait_s, retry_s
         self.errors: list[str] = []
         self.pushes = 0
+        self.healthy = False
+        """True once a long poll reached the feed, until one fails: pushes can be expected."""
         self._seen = -1
         self._conn: http.client.HTTPConnection | None = None
         self._stop = threading.Event()
@@ -229,6 +231,7 @@ class FeedFollower:
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.wait_s + 30)
         self._conn.request("GET", f"{FEED_PATH}?after={after}&wait={self.wait_s}")
+        self.healthy = True  # connected and asked: the feed is there
         resp = self._conn.getresponse()
         body = resp.read()
         if resp.status == 204:
@@ -246,6 +249,7 @@ class FeedFollower:
                 push = self.request(after)
             except (OSError, ValueError, http.client.HTTPException) as e:
                 self.errors = [*self.errors[-9:], f"{type(e).__name__}: {e}"]
+                self.healthy = False
                 self._close_conn()
                 self._stop.wait(self.retry_s)
                 continue

@@ -80,6 +80,7 @@ class WeightRelay:
         lease_ttl_s: float = 120.0,
         decode_nice: int = 10,
         feed: VersionFeed | None = None,
+        feed_grace_s: float = 0.25,
     ) -> None:
         self.origin, self.mirror, self.name = origin, mirror, name
         self.reader = VersionReader(
@@ -115,6 +116,11 @@ class WeightRelay:
         that follow it adopt without polling the mirror)."""
         self._follower: FeedFollower | None = None
         self._pushes: dict[int, Push] = {}
+        self._pushed = threading.Condition()
+        self.feed_grace_s = feed_grace_s
+        """With a healthy origin feed, how long a version the poll saw first waits for its push
+        (LATEST moves after the push is sent, so a poll can see it while the push is on the way)
+        before it is fetched from the origin instead: one wait instead of a second copy."""
 
     def _copy_shard(self, version: int, shard: ShardEntry, data: bytes) -> None:
         self.mirror.put(shard_key(version, shard.name), data)
@@ -141,7 +147,7 @@ class WeightRelay:
         if not self._loaded:
             self._load_mirror()
         self._sync_at = time.time()
-        push = self._pushes.pop(head.version, None) if head is not None else None
+        push = self._take_push(head.version) if head is not None else None
         if push is not None and (self.version is None or push.version > self.version):
             self.reader.provide(push.version, push.shards)  # verified against the manifest when used
             target, hint = push.version, push.manifest
@@ -153,6 +159,10 @@ class WeightRelay:
             target, hint = head.version, None
         else:
             target, hint = read_latest(self.origin, known=self.version)
+            push = self._take_push(target) if target is not None else None
+            if push is not None:  # seen by this read, sent by the feed: its shards need no fetch
+                self.reader.provide(push.version, push.shards)
+                hint = push.manifest
         if time.time() - self._beat > self.lease_ttl_s / 4:
             self._renew(-1 if self.version is None else self.version)
         if target is None or target == self.version:
@@ -245,9 +255,21 @@ class WeightRelay:
 
     def accept(self, push: Push) -> None:
         """A version the origin's feed pushed: :meth:`sync_once` for its head uses it."""
-        if self.version is None or push.version > self.version:
-            self._pushes = {v: p for v, p in self._pushes.items() if v > push.version - 4}
-            self._pushes[push.version] = push
+        with self._pushed:
+            if self.version is None or push.version > self.version:
+                self._pushes = {v: p for v, p in self._pushes.items() if v > push.version - 4}
+                self._pushes[push.version] = push
+                self._pushed.notify_all()
+
+    def _take_push(self, version: int) -> Push | None:
+        """The push of ``version``; when it is not in yet but the feed is healthy and the version
+        is new, wait up to ``feed_grace_s`` for it (the poll that saw it may have overtaken it)."""
+        wait = self._follower is not None and self._follower.healthy and self.feed_grace_s > 0
+        if wait and (self.version is None or version > self.version):
+            with self._pushed:
+                self._pushed.wait_for(lambda: version in self._pushes, timeout=self.feed_grace_s)
+        with self._pushed:
+            return self._pushes.pop(version, None)
 
     def on_push(self, push: Push) -> None:
         """A feed follower's callback: accept the push and wake the thread :meth:`start` runs."""
@@ -308,14 +330,19 @@ class WeightRelay:
         self.stats.repaired += len(repaired)
         return repaired
 
-    def start(self, poll_s: float = 0.5, feed_url: str | None = None) -> WeightRelay:
+    def start(
+        self, poll_s: float = 0.5, feed_url: str | None = None, follower: FeedFollower | None = None
+    ) -> WeightRelay:
         """Follow the origin in a background thread: LATEST's head is read every ``poll_s``
         (reads overlap when the round trip is longer, see :class:`HeadWatcher`), and a new
         version is mirrored as soon as one read shows it, or as soon as the origin's feed at
-        ``feed_url`` pushes it."""
+        ``feed_url`` pushes it. ``follower``: a follower the caller made instead (calling
+        :meth:`on_push`; the relay starts and stops it)."""
         self._watcher = HeadWatcher(self.origin, poll_s).start()
-        if feed_url is not None:
-            self._follower = FeedFollower(feed_url, after=lambda: self.version, on_push=self.on_push).start()
+        if feed_url is not None and follower is None:
+            follower = FeedFollower(feed_url, after=lambda: self.version, on_push=self.on_push)
+        if follower is not None:
+            self._follower = follower.start()
 
         def run() -> None:
             while not self._stop.is_set():
@@ -375,6 +402,7 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
         cache_dir=Path(w.cache_dir).expanduser() / f"relay-{r.region}" if w.cache_dir else None,
         connections=cfg.store.connections,
         chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
+        feed_grace_s=r.feed_grace_s,
         workers=w.workers,
         keep=w.keep,
         lease_ttl_s=w.lease_ttl_s,
