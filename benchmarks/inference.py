@@ -129,8 +129,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     ap.add_argument("--cache-dir", default="~/.cache/shipyard/models")
-    ap.add_argument("--out", default="benchmarks/results/inference.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default benchmarks/results/inference.json (--quick: inference_quick.json)",
+    )
     args = ap.parse_args()
+    args.out = args.out or f"benchmarks/results/inference{'_quick' if args.quick else ''}.json"
     batch = args.batch or (4 if args.quick else 16)
     max_tokens = args.max_tokens or (32 if args.quick else 256)
     repeats = args.repeats or (1 if args.quick else 2)

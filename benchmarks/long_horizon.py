@@ -178,7 +178,8 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
         **{f"ci95_{k}": r["ci95"] for k, r in res.items()},
         **{f"diff_vs_{k}": list(v) for k, v in diffs.items()},
         "train_steps": args.steps,
-        "model": "tiny" if args.quick else cfg.model.source,
+        # hf = a local directory: name it (a warm start's output, or any HF checkpoint)
+        "model": "tiny" if args.quick else cfg.model.path if cfg.model.source == "hf" else cfg.model.source,
         "machine": f"{platform.machine()} {platform.node()} ({os.cpu_count()} cores)",
         "date": time.strftime("%Y-%m-%d"),
         "detail": {k: {m: v for m, v in r.items() if m not in ("passed", "rewards")} for k, r in res.items()},

@@ -40,6 +40,8 @@ MoE with each router shape of :data:`SWEEP_SHAPES` (top-1 of 8, top-2 of 8, top-
 samplers; k3 without/with replay, the reduction with a 95% bootstrap interval over requests, routing
 disagreement, and k3 split by whether the position predicting a token was routed differently by the
 trainer (:func:`flip_split`): what a flip costs, and how much of the mismatch flips carry.
+``--sweep-layers 4,8,16`` repeats each shape at other depths (every layer an MoE layer): how the
+reduction moves as flips and the bf16 floor both accumulate with depth.
 
 Limits: CPU here (``--device cuda`` for a GPU run, recorded with its name); tiny models, so
 absolute figures are small-model figures; the timings share the machine with other work.
@@ -50,6 +52,7 @@ Usage::
     .venv/bin/python benchmarks/mismatch.py --quick    # 20 steps, 8 samples, 3 samplers, no breakdown
     .venv/bin/python benchmarks/mismatch.py --sweep    # router-shape sweep, 300 steps, 64 x 32 tokens
     .venv/bin/python benchmarks/mismatch.py --sweep --quick  # 3 shapes, 50 steps, 16 x 16 tokens
+    .venv/bin/python benchmarks/mismatch.py --sweep --shapes e8_k2 --sweep-layers 4,8,16  # by depth
 """
 
 from __future__ import annotations
@@ -108,17 +111,18 @@ def compact_vocab(train: list[int], heldout: list[int], size: int) -> tuple[list
 
 
 def bench_model(
-    kind: str, vocab: int, seed: int, shape: tuple[int, int, int, bool] = (8, 2, 64, True)
+    kind: str, vocab: int, seed: int, shape: tuple[int, int, int, bool] = (8, 2, 64, True), layers: int = 4
 ) -> Any:
     """The benchmark's tiny models: 4 layers, hidden 128; MoE 8 experts top-2 of width 64 in every
     layer (Qwen3-MoE), dense MLP of width 128 (Llama): the same active MLP width per token.
-    ``shape`` = (experts, top-k, expert width, ``norm_topk_prob``) of the MoE (the sweep's)."""
+    ``shape`` = (experts, top-k, expert width, ``norm_topk_prob``) of the MoE and ``layers`` its
+    depth (the sweep's)."""
     from transformers import AutoModelForCausalLM
 
     from shipyard.models.loading import tiny_config
 
     cfg = tiny_config(kind, vocab)
-    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = 128, 4, 128
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = 128, layers, 128
     if kind == "moe":
         cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob = shape
         cfg.head_dim = 32
@@ -680,12 +684,13 @@ def sweep_figures(
 
 
 def sweep_shape(
-    key: str, steps: int, args: argparse.Namespace, data: tuple[list[int], list[int]], tok: Any
+    key: str, steps: int, layers: int, args: argparse.Namespace, data: tuple[list[int], list[int]], tok: Any
 ) -> dict[str, Any]:
-    """Train the tiny MoE of router shape ``key`` (:data:`SWEEP_SHAPES`) ``steps`` steps, then
-    sample with each of :data:`SWEEP_SAMPLERS` and compare with the fp32 trainer."""
+    """Train the tiny MoE of router shape ``key`` (:data:`SWEEP_SHAPES`) and depth ``layers``
+    ``steps`` steps, then sample with each of :data:`SWEEP_SAMPLERS` and compare with the fp32
+    trainer."""
     label, shape = SWEEP_SHAPES[key]
-    model = bench_model("moe", args.vocab, args.seed, shape)
+    model = bench_model("moe", args.vocab, args.seed, shape, layers)
     t0 = time.perf_counter()
     losses = train_briefly(model, data[0], steps, 128, 8, args.seed)
     model.eval().to(args.device)
@@ -695,6 +700,7 @@ def sweep_shape(
         "top_k": shape[1],
         "expert_width": shape[2],
         "norm_topk_prob": shape[3],
+        "layers": layers,
         "params": sum(p.numel() for p in model.parameters()),
         "train_steps": steps,
         "train_loss_first_last": [losses[0], sum(losses[-10:]) / len(losses[-10:])],
@@ -739,7 +745,7 @@ def sweep_table(runs: dict[str, dict[str, Any]]) -> Table:
             m = run[prefix or "plain_bf16_"]
             low, high = m["k3_reduction_ci95"]
             t.add_row(
-                f"top-{run['top_k']} of {run['experts']}",
+                f"top-{run['top_k']} of {run['experts']}, {run.get('layers', 4)} layers",
                 str(run["train_steps"]),
                 f"{run['expert_usage_entropy_bits']:.2f}/{run['expert_usage_entropy_max_bits']:.0f}",
                 "fp32 head" if prefix else "plain",
@@ -758,31 +764,34 @@ def sweep_table(runs: dict[str, dict[str, Any]]) -> Table:
 def sweep_result(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The sweep's JSON: the reductions at a glance, every run, the config and the machine."""
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
-    keys = ("quick", "shapes", "sweep_steps", "samples", "max_tokens", "seed", "vocab")
+    keys = ("quick", "shapes", "sweep_steps", "sweep_layers", "samples", "max_tokens", "seed", "vocab")
     return {
         "k3_reduction": {
             name: {p or "plain_bf16_": run[p or "plain_bf16_"]["k3_reduction"] for p in SWEEP_SAMPLERS}
             for name, run in runs.items()
         },
         "runs": runs,
-        "complete": len(runs) == len(args.shapes) * len(args.sweep_steps),
+        "complete": len(runs) == len(args.shapes) * len(args.sweep_steps) * len(args.sweep_layers),
         "config": {k: getattr(args, k) for k in keys},
         "machine": machine_line(device, args.threads),
     }
 
 
 def run_sweep(args: argparse.Namespace, console: Console) -> None:
-    """``--sweep``: every shape of ``args.shapes`` at every step count of ``args.sweep_steps``; the
-    JSON is rewritten after each run (``complete`` false until the last), so a cut run keeps its part."""
+    """``--sweep``: every shape of ``args.shapes`` at every step count of ``args.sweep_steps`` and
+    depth of ``args.sweep_layers`` (runs keyed ``shape@steps``, ``shape@steps/L8`` for depths other
+    than 4); the JSON is rewritten after each run (``complete`` false until the last), so a cut run
+    keeps its part."""
     _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
     data = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
-    out = Path(args.out or "benchmarks/results/mismatch_sweep.json")
+    out = Path(args.out or f"benchmarks/results/mismatch_sweep{'_quick' if args.quick else ''}.json")
     runs: dict[str, dict[str, Any]] = {}
     for key in args.shapes:
-        for steps in args.sweep_steps:
-            runs[f"{key}@{steps}"] = run = sweep_shape(key, steps, args, data, tok)
+        for steps, layers in ((s, n) for s in args.sweep_steps for n in args.sweep_layers):
+            name = f"{key}@{steps}" + ("" if layers == 4 else f"/L{layers}")
+            runs[name] = run = sweep_shape(key, steps, layers, args, data, tok)
             console.print(
-                f"{key} {steps} steps: trained in {run['train_s']:.0f}s, loss "
+                f"{name}: {layers} layers, {steps} steps: trained in {run['train_s']:.0f}s, loss "
                 f"{run['train_loss_first_last'][1]:.2f}, usage entropy {run['expert_usage_entropy_bits']:.2f}"
                 f" bits; fp32head k3 reduction {_fmt(run['fp32head_']['k3_reduction'], '.2f')}x"
             )
@@ -796,13 +805,16 @@ def sweep_main(args: argparse.Namespace) -> None:
     quick_shapes = ("e8_k1", "e8_k2", "e64_k8")
     args.shapes = (args.shapes or ",".join(quick_shapes if args.quick else SWEEP_SHAPES)).split(",")
     args.sweep_steps = [int(s) for s in (args.sweep_steps or ("50" if args.quick else "300")).split(",")]
+    args.sweep_layers = [int(s) for s in args.sweep_layers.split(",")]
     args.samples = args.samples or (16 if args.quick else 64)
     args.max_tokens = args.max_tokens or (16 if args.quick else 32)
     unknown = [s for s in args.shapes if s not in SWEEP_SHAPES]
     if unknown:
         raise ValueError(f"--shapes: unknown {unknown}; choose from {list(SWEEP_SHAPES)}")
-    if min(*args.sweep_steps, args.samples, args.max_tokens) < 1 or args.samples < 2:
-        raise ValueError("--sweep-steps and --max-tokens must be >= 1, --samples >= 2 (the bootstrap)")
+    if min(*args.sweep_steps, *args.sweep_layers, args.samples, args.max_tokens) < 1 or args.samples < 2:
+        raise ValueError(
+            "--sweep-steps, --sweep-layers and --max-tokens must be >= 1, --samples >= 2 (the bootstrap)"
+        )
     torch.set_num_threads(args.threads)
     run_sweep(args, Console(width=None if Console().is_terminal else 200))
 
@@ -842,7 +854,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument(
-        "--out", default=None, help="mismatch.json (--sweep: mismatch_sweep.json) in benchmarks/results"
+        "--out",
+        default=None,
+        help="default mismatch.json (--sweep: mismatch_sweep.json) in benchmarks/results; --quick: *_quick.json",
     )
     ap.add_argument(
         "--sweep",
@@ -853,7 +867,12 @@ def main() -> None:
     ap.add_argument(
         "--sweep-steps",
         default=None,
-        help="--sweep: comma-separated training steps (default 150,600; quick 20)",
+        help="--sweep: comma-separated training steps (default 300; quick 50)",
+    )
+    ap.add_argument(
+        "--sweep-layers",
+        default="4",
+        help="--sweep: comma-separated MoE depths (decoder layers, every one MoE; default 4)",
     )
     ap.add_argument(
         "--samplers",
@@ -933,7 +952,9 @@ def main() -> None:
         },
         "machine": machine_line(device, args.threads),
     }
-    write_json(Path(args.out or "benchmarks/results/mismatch.json"), result, console)
+    write_json(
+        Path(args.out or f"benchmarks/results/mismatch{'_quick' if args.quick else ''}.json"), result, console
+    )
 
 
 if __name__ == "__main__":

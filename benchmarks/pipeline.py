@@ -57,8 +57,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny random model, few steps (< 1 minute)")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per mode")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/pipeline.json"))
+    ap.add_argument(
+        "--out", default=None, help="default benchmarks/results/pipeline.json (--quick: pipeline_quick.json)"
+    )
     args = ap.parse_args()
+    args.out = args.out or str(ROOT / f"benchmarks/results/pipeline{'_quick' if args.quick else ''}.json")
     args.steps = args.steps or (4 if args.quick else 6)
     res = {}
     with tempfile.TemporaryDirectory() as d:

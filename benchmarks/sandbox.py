@@ -497,8 +497,11 @@ def main() -> None:
     ap.add_argument(
         "--burst", type=int, default=None, help="sandboxes in the burst (default 1000, quick 100)"
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sandbox.json"))
+    ap.add_argument(
+        "--out", default=None, help="default benchmarks/results/sandbox.json (--quick: sandbox_quick.json)"
+    )
     args = ap.parse_args()
+    args.out = args.out or str(ROOT / f"benchmarks/results/sandbox{'_quick' if args.quick else ''}.json")
     problem = sandbox_available()
     if problem is not None:
         raise SystemExit(f"sandboxes cannot run here: {problem}")

@@ -124,8 +124,11 @@ def main() -> None:
     ap.add_argument(
         "--cluster-runs", type=int, default=None, help="cluster-per-rollout runs (default 3, quick 1)"
     )
-    ap.add_argument("--out", default="benchmarks/results/services.json")
+    ap.add_argument(
+        "--out", default=None, help="default benchmarks/results/services.json (--quick: services_quick.json)"
+    )
     args = ap.parse_args()
+    args.out = args.out or f"benchmarks/results/services{'_quick' if args.quick else ''}.json"
     n = args.rollouts or (8 if args.quick else 40)
     rows = args.rows or (5000 if args.quick else 20000)
     cluster_n = args.cluster_runs or (1 if args.quick else 3)

@@ -475,8 +475,13 @@ def main() -> None:
         "--workers", type=int, default=os.cpu_count() or 1, help="codec threads for the parallel measurement"
     )
     ap.add_argument("--no-zipnn", action="store_true", help="skip the ZipNN baseline")
-    ap.add_argument("--out", default="benchmarks/results/weight_codec.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default benchmarks/results/weight_codec.json (--quick: weight_codec_quick.json)",
+    )
     args = ap.parse_args()
+    args.out = args.out or f"benchmarks/results/weight_codec{'_quick' if args.quick else ''}.json"
     args.steps = args.steps or (5 if args.quick else 20)
     if args.steps < 2 or min(args.batch, args.threads, args.workers) < 1 or args.max_len < 2:
         raise ValueError("--steps and --max-len must be >= 2; --batch, --threads and --workers >= 1")
