@@ -40,8 +40,8 @@ MoE with each router shape of :data:`SWEEP_SHAPES` (top-1 of 8, top-2 of 8, top-
 samplers; k3 without/with replay, the reduction with a 95% bootstrap interval over requests, routing
 disagreement, and k3 split by whether the position predicting a token was routed differently by the
 trainer (:func:`flip_split`): what a flip costs, and how much of the mismatch flips carry.
-``--sweep-layers 4,8,16`` repeats each shape at other depths (every layer an MoE layer): how the
-reduction moves as flips and the bf16 floor both accumulate with depth.
+``--sweep-layers 4,8,16`` and ``--sweep-hidden 128,256`` repeat each shape at other depths (every
+layer an MoE layer) and widths: how the reduction moves as the model grows.
 
 Limits: CPU here (``--device cuda`` for a GPU run, recorded with its name); tiny models, so
 absolute figures are small-model figures; the timings share the machine with other work.
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -111,21 +112,29 @@ def compact_vocab(train: list[int], heldout: list[int], size: int) -> tuple[list
 
 
 def bench_model(
-    kind: str, vocab: int, seed: int, shape: tuple[int, int, int, bool] = (8, 2, 64, True), layers: int = 4
+    kind: str,
+    vocab: int,
+    seed: int,
+    shape: tuple[int, int, int, bool] = (8, 2, 64, True),
+    layers: int = 4,
+    hidden: int = 128,
 ) -> Any:
     """The benchmark's tiny models: 4 layers, hidden 128; MoE 8 experts top-2 of width 64 in every
     layer (Qwen3-MoE), dense MLP of width 128 (Llama): the same active MLP width per token.
-    ``shape`` = (experts, top-k, expert width, ``norm_topk_prob``) of the MoE and ``layers`` its
-    depth (the sweep's)."""
+    ``shape`` = (experts, top-k, expert width at hidden 128, ``norm_topk_prob``) of the MoE,
+    ``layers`` its depth and ``hidden`` its width (the sweep's; expert and head widths scale with
+    it, 4 attention heads)."""
     from transformers import AutoModelForCausalLM
 
     from shipyard.models.loading import tiny_config
 
     cfg = tiny_config(kind, vocab)
-    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = 128, layers, 128
+    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = hidden, layers, hidden
     if kind == "moe":
-        cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob = shape
-        cfg.head_dim = 32
+        experts, top_k, width, norm = shape
+        cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob = experts, top_k, norm
+        cfg.moe_intermediate_size = width * hidden // 128
+        cfg.head_dim = hidden // 4
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -684,13 +693,19 @@ def sweep_figures(
 
 
 def sweep_shape(
-    key: str, steps: int, layers: int, args: argparse.Namespace, data: tuple[list[int], list[int]], tok: Any
+    key: str,
+    steps: int,
+    size: tuple[int, int],
+    args: argparse.Namespace,
+    data: tuple[list[int], list[int]],
+    tok: Any,
 ) -> dict[str, Any]:
-    """Train the tiny MoE of router shape ``key`` (:data:`SWEEP_SHAPES`) and depth ``layers``
-    ``steps`` steps, then sample with each of :data:`SWEEP_SAMPLERS` and compare with the fp32
-    trainer."""
+    """Train the tiny MoE of router shape ``key`` (:data:`SWEEP_SHAPES`) and ``size`` = (layers,
+    hidden) ``steps`` steps, then sample with each of :data:`SWEEP_SAMPLERS` and compare with the
+    fp32 trainer."""
     label, shape = SWEEP_SHAPES[key]
-    model = bench_model("moe", args.vocab, args.seed, shape, layers)
+    layers, hidden = size
+    model = bench_model("moe", args.vocab, args.seed, shape, layers, hidden)
     t0 = time.perf_counter()
     losses = train_briefly(model, data[0], steps, 128, 8, args.seed)
     model.eval().to(args.device)
@@ -701,6 +716,7 @@ def sweep_shape(
         "expert_width": shape[2],
         "norm_topk_prob": shape[3],
         "layers": layers,
+        "hidden": hidden,
         "params": sum(p.numel() for p in model.parameters()),
         "train_steps": steps,
         "train_loss_first_last": [losses[0], sum(losses[-10:]) / len(losses[-10:])],
@@ -745,7 +761,7 @@ def sweep_table(runs: dict[str, dict[str, Any]]) -> Table:
             m = run[prefix or "plain_bf16_"]
             low, high = m["k3_reduction_ci95"]
             t.add_row(
-                f"top-{run['top_k']} of {run['experts']}, {run.get('layers', 4)} layers",
+                f"top-{run['top_k']} of {run['experts']}, {run.get('layers', 4)}x{run.get('hidden', 128)}",
                 str(run["train_steps"]),
                 f"{run['expert_usage_entropy_bits']:.2f}/{run['expert_usage_entropy_max_bits']:.0f}",
                 "fp32 head" if prefix else "plain",
@@ -764,34 +780,51 @@ def sweep_table(runs: dict[str, dict[str, Any]]) -> Table:
 def sweep_result(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The sweep's JSON: the reductions at a glance, every run, the config and the machine."""
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.machine()} CPU"
-    keys = ("quick", "shapes", "sweep_steps", "sweep_layers", "samples", "max_tokens", "seed", "vocab")
+    keys = (
+        "quick",
+        "shapes",
+        "sweep_steps",
+        "sweep_layers",
+        "sweep_hidden",
+        "samples",
+        "max_tokens",
+        "seed",
+        "vocab",
+    )
     return {
         "k3_reduction": {
             name: {p or "plain_bf16_": run[p or "plain_bf16_"]["k3_reduction"] for p in SWEEP_SAMPLERS}
             for name, run in runs.items()
         },
         "runs": runs,
-        "complete": len(runs) == len(args.shapes) * len(args.sweep_steps) * len(args.sweep_layers),
+        "complete": len(runs)
+        == len(args.shapes) * len(args.sweep_steps) * len(args.sweep_layers) * len(args.sweep_hidden),
         "config": {k: getattr(args, k) for k in keys},
         "machine": machine_line(device, args.threads),
     }
 
 
 def run_sweep(args: argparse.Namespace, console: Console) -> None:
-    """``--sweep``: every shape of ``args.shapes`` at every step count of ``args.sweep_steps`` and
-    depth of ``args.sweep_layers`` (runs keyed ``shape@steps``, ``shape@steps/L8`` for depths other
-    than 4); the JSON is rewritten after each run (``complete`` false until the last), so a cut run
-    keeps its part."""
+    """``--sweep``: every shape of ``args.shapes`` at every step count of ``args.sweep_steps``,
+    depth of ``args.sweep_layers`` and width of ``args.sweep_hidden`` (runs keyed ``shape@steps``,
+    plus ``/L8`` for depths other than 4 and ``/H256`` for widths other than 128); the JSON is
+    rewritten after each run (``complete`` false until the last), so a cut run keeps its part."""
     _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
     data = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
     out = Path(args.out or f"benchmarks/results/mismatch_sweep{'_quick' if args.quick else ''}.json")
     runs: dict[str, dict[str, Any]] = {}
     for key in args.shapes:
-        for steps, layers in ((s, n) for s in args.sweep_steps for n in args.sweep_layers):
-            name = f"{key}@{steps}" + ("" if layers == 4 else f"/L{layers}")
-            runs[name] = run = sweep_shape(key, steps, layers, args, data, tok)
+        for steps, layers, hidden in itertools.product(
+            args.sweep_steps, args.sweep_layers, args.sweep_hidden
+        ):
+            name = (
+                f"{key}@{steps}"
+                + ("" if layers == 4 else f"/L{layers}")
+                + ("" if hidden == 128 else f"/H{hidden}")
+            )
+            runs[name] = run = sweep_shape(key, steps, (layers, hidden), args, data, tok)
             console.print(
-                f"{name}: {layers} layers, {steps} steps: trained in {run['train_s']:.0f}s, loss "
+                f"{name}: {layers} layers, hidden {hidden}, {steps} steps: trained in {run['train_s']:.0f}s, loss "
                 f"{run['train_loss_first_last'][1]:.2f}, usage entropy {run['expert_usage_entropy_bits']:.2f}"
                 f" bits; fp32head k3 reduction {_fmt(run['fp32head_']['k3_reduction'], '.2f')}x"
             )
@@ -806,6 +839,9 @@ def sweep_main(args: argparse.Namespace) -> None:
     args.shapes = (args.shapes or ",".join(quick_shapes if args.quick else SWEEP_SHAPES)).split(",")
     args.sweep_steps = [int(s) for s in (args.sweep_steps or ("50" if args.quick else "300")).split(",")]
     args.sweep_layers = [int(s) for s in args.sweep_layers.split(",")]
+    args.sweep_hidden = [int(s) for s in args.sweep_hidden.split(",")]
+    if any(h % 32 for h in args.sweep_hidden):
+        raise ValueError(f"--sweep-hidden {args.sweep_hidden}: each width must be a multiple of 32")
     args.samples = args.samples or (16 if args.quick else 64)
     args.max_tokens = args.max_tokens or (16 if args.quick else 32)
     unknown = [s for s in args.shapes if s not in SWEEP_SHAPES]
@@ -873,6 +909,11 @@ def main() -> None:
         "--sweep-layers",
         default="4",
         help="--sweep: comma-separated MoE depths (decoder layers, every one MoE; default 4)",
+    )
+    ap.add_argument(
+        "--sweep-hidden",
+        default="128",
+        help="--sweep: comma-separated MoE widths (hidden size; experts and heads scale; default 128)",
     )
     ap.add_argument(
         "--samplers",

@@ -142,8 +142,9 @@ class WeightRelay:
 
         ``head``: LATEST's head line when the caller just read it (:class:`HeadWatcher`); when it
         names a delta against the version held, its shards are fetched in the same round trip as
-        the manifest. When a feed pushed that version (:meth:`accept`), its manifest and inline
-        shards are used and the origin is not asked at all."""
+        the manifest. When a feed pushed that version (:meth:`accept`), or pushes it within
+        ``feed_grace_s`` of this call seeing it, its manifest and inline shards are used and no
+        shard is fetched from the origin."""
         if not self._loaded:
             self._load_mirror()
         self._sync_at = time.time()
