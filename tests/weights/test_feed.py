@@ -114,6 +114,32 @@ def test_a_corrupted_push_is_refetched_from_the_store(tmp_path: Path, feed: Vers
     assert all(mirror.get(shard_key(1, n)) == d for n, d in good.shards.items())
 
 
+def test_a_follower_that_came_to_hold_the_parent_while_waiting_gets_the_delta(
+    tmp_path: Path, feed: VersionFeed, make_chain
+) -> None:
+    """At start a long poll names no version; if the follower holds the parent by the time the
+    push comes, it asks again at once and gets the delta inline instead of the manifest alone."""
+    states = make_chain(2)
+    origin = LocalStore(tmp_path)
+    pub = WeightPublisher(origin)
+    pub.publish(0, states[0])
+    pub.publish(1, states[1])
+    held: list[int | None] = [None]
+    got: list = []
+    follower = FeedFollower(feed.url, after=lambda: held[0], on_push=got.append).start()
+    try:
+        assert _until(lambda: follower.healthy)  # its long poll says after=-1
+        held[0] = 0  # e.g. version 0 adopted by polling the store meanwhile
+        m1 = pub._manifests[1]
+        shards = {s.name: origin.get(shard_key(1, s.name)) for s in m1.encodings["delta"].shards}
+        feed.announce(m1, m1.to_bytes(), shards)
+        assert _until(lambda: len(got) == 1)
+        assert got[0].version == 1 and got[0].shards == shards, "the delta came inline"
+        assert feed.served == 2, "the manifest-only answer, then the same version asked for again"
+    finally:
+        follower.stop()
+
+
 class _ShardReads(LocalStore):
     """The relay's view of the origin, logging which shard objects it read."""
 

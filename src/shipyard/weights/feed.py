@@ -246,7 +246,7 @@ class FeedFollower:
             # a push handed over but not yet adopted is not asked for again
             after = max(self._seen, -1 if held is None else held)
             try:
-                push = self.request(after)
+                push = self._refill(self.request(after), after)
             except (OSError, ValueError, http.client.HTTPException) as e:
                 self.errors = [*self.errors[-9:], f"{type(e).__name__}: {e}"]
                 self.healthy = False
@@ -257,6 +257,18 @@ class FeedFollower:
                 self.pushes += 1
                 self._seen = push.version
                 self.on_push(push)
+
+    def _refill(self, push: Push | None, asked_after: int) -> Push | None:
+        """``push``, or the same version asked for again with its delta inline when it came
+        without (the long poll named an older version) but the follower has come to hold the
+        delta's parent while it waited (at start, or after adopting a version by polling): the feed
+        answers at once, one round trip instead of a fetch of the delta from the store."""
+        if push is None or push.shards or push.parent is None or push.parent == asked_after:
+            return push
+        if push.parent != self.after():
+            return push
+        again = self.request(push.parent)
+        return again if again is not None and again.version == push.version else push
 
     def _close_conn(self) -> None:
         if self._conn is not None:
