@@ -840,8 +840,8 @@ def sweep_main(args: argparse.Namespace) -> None:
     args.sweep_steps = [int(s) for s in (args.sweep_steps or ("50" if args.quick else "300")).split(",")]
     args.sweep_layers = [int(s) for s in args.sweep_layers.split(",")]
     args.sweep_hidden = [int(s) for s in args.sweep_hidden.split(",")]
-    if any(h % 32 for h in args.sweep_hidden):
-        raise ValueError(f"--sweep-hidden {args.sweep_hidden}: each width must be a multiple of 32")
+    if any(h < 32 or h % 32 for h in args.sweep_hidden):
+        raise ValueError(f"--sweep-hidden {args.sweep_hidden}: each width must be a positive multiple of 32")
     args.samples = args.samples or (16 if args.quick else 64)
     args.max_tokens = args.max_tokens or (16 if args.quick else 32)
     unknown = [s for s in args.shapes if s not in SWEEP_SHAPES]
