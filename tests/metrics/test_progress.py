@@ -76,13 +76,13 @@ def test_run_progress_prints_one_line_per_new_step_on_a_pipe(tmp_path) -> None:
         )
 
     with RunProgress(
-        path, 3, start_step=0, console=Console(file=out, force_terminal=False, width=300)
+        path, 3, start_step=0, console=Console(file=out, force_terminal=False, width=60)
     ) as prog:
         prog.refresh()  # no file yet: nothing
         path.write_text(record(1) + "\n")
         prog.refresh()
         prog.refresh()  # same step: no second line
         path.write_text(record(1) + "\n" + record(2) + "\n")
-    lines = out.getvalue().splitlines()  # step 2 comes from the closing refresh
+    lines = out.getvalue().splitlines()  # step 2 comes from the closing refresh; 60 columns: no wrapping
     assert [line.split(",")[0] for line in lines] == ["training: step 1/3", "training: step 2/3"]
     assert "reward 0.500" in lines[1] and "dropped 2" in lines[1] and "tok/s 80" in lines[1]

@@ -107,7 +107,10 @@ class RunProgress:
             if last["step"] > self.printed:
                 self.printed = last["step"]
                 line = ", ".join(f"{k} {v}" for k, v in cols.items() if k != "step")
-                self.console.print(f"training: step {last['step']}/{self.total}, {line}", highlight=False)
+                # one unwrapped line per step: a log stays greppable whatever its width
+                self.console.print(
+                    f"training: step {last['step']}/{self.total}, {line}", highlight=False, soft_wrap=True
+                )
             return
         self.bar.update(self.task, completed=last["step"])
         table = Table(show_header=True, header_style="bold")
@@ -170,4 +173,5 @@ class StepBar:
         self.console.print(
             f"{self.label}: {self.completed}/{self.total} ({pct:.0f}%), {elapsed:.0f} s, ETA {eta:.0f} s {self.note}".rstrip(),
             highlight=False,
+            soft_wrap=True,
         )
