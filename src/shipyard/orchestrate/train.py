@@ -138,6 +138,7 @@ def _report(
         )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console.print(
-        f"plot: {run_dir / 'reward.png'}   metrics: {run_dir / 'metrics.jsonl'}   tensorboard: {run_dir / 'tb'}"
+        f"plot: {run_dir / 'reward.png'}   metrics: {run_dir / 'metrics.jsonl'}   tensorboard: {run_dir / 'tb'}",
+        soft_wrap=True,  # paths stay whole for copying
     )
     return summary
