@@ -275,6 +275,8 @@ def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed) -
             opt.zero_grad()
             pub.publish(v, named_params(trainer))
             assert _until(lambda v=v: engine.version == v), f"version {v} reached the engine by push"
+            # the engine swaps first, the subscriber then records the adoption
+            assert _until(lambda v=v: bool(sub.adopted) and sub.adopted[-1]["version"] == v)
             assert sub.adopted[-1]["path"] == [f"{v}:delta"]
             for k, t in named_params(trainer).items():
                 assert torch.equal(named_params(served)[k], t.detach().bfloat16()), k
