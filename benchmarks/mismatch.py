@@ -41,7 +41,8 @@ samplers; k3 without/with replay, the reduction with a 95% bootstrap interval ov
 disagreement, and k3 split by whether the position predicting a token was routed differently by the
 trainer (:func:`flip_split`): what a flip costs, and how much of the mismatch flips carry.
 ``--sweep-layers 4,8,16`` and ``--sweep-hidden 128,256`` repeat each shape at other depths (every
-layer an MoE layer) and widths: how the reduction moves as the model grows.
+layer an MoE layer) and widths: how the reduction moves as the model grows. ``--model-path DIR``
+scores a pretrained MoE checkpoint instead (not trained here; its own tokenizer).
 
 Limits: CPU here (``--device cuda`` for a GPU run, recorded with its name); tiny models, so
 absolute figures are small-model figures; the timings share the machine with other work.
@@ -53,6 +54,7 @@ Usage::
     .venv/bin/python benchmarks/mismatch.py --sweep    # router-shape sweep, 300 steps, 64 x 32 tokens
     .venv/bin/python benchmarks/mismatch.py --sweep --quick  # 3 shapes, 50 steps, 16 x 16 tokens
     .venv/bin/python benchmarks/mismatch.py --sweep --shapes e8_k2 --sweep-layers 4,8,16  # by depth
+    .venv/bin/python benchmarks/mismatch.py --sweep --model-path DIR --device cuda  # a real MoE
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def expert_entropy(model: Any, ids: list[int]) -> float:
     seam.record = True
     try:
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids[:512]]))
+            model(input_ids=torch.tensor([ids[:512]], device=next(model.parameters()).device))
         ents = []
         for used_NK in seam.recorded:
             assert used_NK is not None
@@ -222,6 +224,12 @@ def micro_batches(
         yield rs, ids_BT, attn_BT, mask_BT, mu_BT
 
 
+def recompute(model: Any, ids_BT: Tensor, attn_BT: Tensor, mask_BT: Tensor) -> Tensor:
+    """The fp32 trainer's logprobs of a CPU micro-batch, computed on the model's device, on the CPU."""
+    dev = next(model.parameters()).device
+    return token_logprobs(model, ids_BT.to(dev), attn_BT.to(dev), score_mask_BT=mask_BT.to(dev)).cpu()
+
+
 def trainer_mismatch(
     model: Any,
     reqs: list[GenerateRequest],
@@ -236,12 +244,12 @@ def trainer_mismatch(
         for rs, ids_BT, attn_BT, mask_BT, mu_BT in micro_batches(reqs, results, micro):
             with torch.no_grad():
                 if seam is None:
-                    old_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+                    old_BT = recompute(model, ids_BT, attn_BT, mask_BT)
                 else:
                     with seam.plan(
                         route_plan([r.routes for r in rs], ids_BT.shape[1], seam), replay=bool(replay)
                     ):
-                        old_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+                        old_BT = recompute(model, ids_BT, attn_BT, mask_BT)
             acc.add(old_BT, mu_BT, mask_BT, no_correction(old_BT - mu_BT, mask_BT))
         out = acc.result()
         if seam is not None:
@@ -613,12 +621,12 @@ def token_mismatch(
             plan_BTLK = route_plan([r.routes for r in rs], ids_BT.shape[1], seam)
             seam.record = True  # without replay, the experts used are the trainer's own choice
             with torch.no_grad(), seam.plan(plan_BTLK, replay=False):
-                no_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
-            own_BTLK = torch.stack([r for r in seam.recorded if r is not None], dim=1).long()
+                no_BT = recompute(model, ids_BT, attn_BT, mask_BT)
+            own_BTLK = torch.stack([r for r in seam.recorded if r is not None], dim=1).long().cpu()
             flip_BT, before_BT = predicting_flips(own_BTLK.reshape(plan_BTLK.shape), plan_BTLK)
             seam.record = False
             with torch.no_grad(), seam.plan(plan_BTLK, replay=True):
-                replay_BT = token_logprobs(model, ids_BT, attn_BT, score_mask_BT=mask_BT)
+                replay_BT = recompute(model, ids_BT, attn_BT, mask_BT)
             for key, lp_BT in (("k3_no", no_BT), ("k3_replay", replay_BT)):
                 log_rho_N = (lp_BT.double() - mu_BT.double())[mask_BT]
                 parts[key].append(torch.expm1(log_rho_N) - log_rho_N)
@@ -725,11 +733,48 @@ def sweep_shape(
         "expert_usage_entropy_max_bits": math.log2(shape[0]),
     }
     reqs = make_requests(data[1], args.samples, args.max_tokens, args.seed)
+    return {**out, **score_samplers(model, tok, reqs, args.seed)}
+
+
+def score_samplers(model: Any, tok: Any, reqs: list[GenerateRequest], seed: int) -> dict[str, Any]:
+    """:func:`sweep_figures` of each of :data:`SWEEP_SAMPLERS` sampling ``reqs`` from ``model``."""
+    out: dict[str, Any] = {}
     for prefix in SWEEP_SAMPLERS:
         engine = EmbeddedEngine(sampler_model(model, prefix), tok, max_batch=8)
-        results = sample_varied(engine, reqs, args.seed)
-        out[prefix or "plain_bf16_"] = sweep_figures(model, reqs, results, args.seed)
+        results = sample_varied(engine, reqs, seed)
+        out[prefix or "plain_bf16_"] = sweep_figures(model, reqs, results, seed)
     return out
+
+
+def pretrained_run(args: argparse.Namespace) -> dict[str, Any]:
+    """``--model-path``: a pretrained MoE checkpoint as it is (no training), prompted with the
+    held-out source in its own tokenizer, scored like a sweep shape. Device memory: an fp32 copy
+    (the trainer) and a bf16 one (the sampler), about 6 bytes per parameter."""
+    model, tok = load_model(ModelConfig(source="hf", path=args.model_path))
+    if not moe_routers(model):
+        raise ValueError(
+            f"--model-path {args.model_path}: {type(model).__name__} has no MoE router that router replay "
+            "knows (Qwen3-MoE, Mixtral, DeepSeek-V3 classes)"
+        )
+    model.to(args.device)
+    heldout = corpus_ids(tok, HELDOUT_FILES)
+    seam = RouterSeam(model)
+    experts, top_k, layers = seam.num_experts, seam.top_k, len(seam.layers)
+    seam.remove()
+    out: dict[str, Any] = {
+        "label": Path(args.model_path).name,
+        "model_class": type(model).__name__,
+        "experts": experts,
+        "top_k": top_k,
+        "layers": layers,
+        "hidden": int(model.config.hidden_size),
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_steps": 0,
+        "expert_usage_entropy_bits": expert_entropy(model, heldout),
+        "expert_usage_entropy_max_bits": math.log2(experts),
+    }
+    reqs = make_requests(heldout, args.samples, args.max_tokens, args.seed)
+    return {**out, **score_samplers(model, tok, reqs, args.seed)}
 
 
 def _fmt(value: float | None, spec: str = ".2e") -> str:
@@ -790,6 +835,7 @@ def sweep_result(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
         "max_tokens",
         "seed",
         "vocab",
+        "model_path",
     )
     return {
         "k3_reduction": {
@@ -797,7 +843,8 @@ def sweep_result(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> d
             for name, run in runs.items()
         },
         "runs": runs,
-        "complete": len(runs)
+        "complete": bool(args.model_path)
+        or len(runs)
         == len(args.shapes) * len(args.sweep_steps) * len(args.sweep_layers) * len(args.sweep_hidden),
         "config": {k: getattr(args, k) for k in keys},
         "machine": machine_line(device, args.threads),
@@ -809,10 +856,15 @@ def run_sweep(args: argparse.Namespace, console: Console) -> None:
     depth of ``args.sweep_layers`` and width of ``args.sweep_hidden`` (runs keyed ``shape@steps``,
     plus ``/L8`` for depths other than 4 and ``/H256`` for widths other than 128); the JSON is
     rewritten after each run (``complete`` false until the last), so a cut run keeps its part."""
-    _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
-    data = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
     out = Path(args.out or f"benchmarks/results/mismatch_sweep{'_quick' if args.quick else ''}.json")
     runs: dict[str, dict[str, Any]] = {}
+    if args.model_path:
+        runs[f"hf:{Path(args.model_path).name}"] = pretrained_run(args)
+        write_json(out, sweep_result(runs, args), console)
+        console.print(sweep_table(runs))
+        return
+    _, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
+    data = compact_vocab(corpus_ids(tok, TRAIN_FILES), corpus_ids(tok, HELDOUT_FILES), args.vocab)
     for key in args.shapes:
         for steps, layers, hidden in itertools.product(
             args.sweep_steps, args.sweep_layers, args.sweep_hidden
@@ -914,6 +966,12 @@ def main() -> None:
         "--sweep-hidden",
         default="128",
         help="--sweep: comma-separated MoE widths (hidden size; experts and heads scale; default 128)",
+    )
+    ap.add_argument(
+        "--model-path",
+        default=None,
+        help="--sweep: score this pretrained MoE checkpoint (HF directory; Qwen3-MoE, Mixtral or DeepSeek-V3 "
+        "class) as it is, instead of training the tiny shapes",
     )
     ap.add_argument(
         "--samplers",
