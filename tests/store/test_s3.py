@@ -4,6 +4,7 @@ downloads, and weight versions published, read and relayed through it."""
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from shipyard.config.schema import StoreConfig
@@ -99,3 +100,19 @@ def test_versions_publish_load_and_relay_through_s3(s3_cfg: StoreConfig, tmp_pat
     assert published_versions(mirror) == [5, 6], "the mirror collects what its region no longer needs"
     got = load_version(mirror, 6)  # from the rebuilt snapshot alone
     assert all(torch.equal(got[k], states[6][k]) for k in states[6])
+
+
+def test_seaweed_refuses_to_start_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below its free-space floor SeaweedFS starts but takes no write (every PUT waits, then
+    fails); the server says so before starting, naming the directory."""
+    import shutil
+
+    from shipyard.store import seaweed
+
+    real = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(seaweed.shutil, "disk_usage", lambda p: real._replace(free=300 << 20))
+    server = seaweed.SeaweedServer(tmp_path / "weed")
+    with pytest.raises(RuntimeError, match=r"weed: only 300 MiB free on its disk, it needs 1024 MiB"):
+        server.start()
+    assert server.proc is None, "nothing was started"
+    assert f"-volume.minFreeSpace={seaweed.MIN_FREE >> 20}MiB" in server.command()

@@ -8,7 +8,10 @@ removes the unix sockets it left in /tmp. ``weed`` is located with :func:`weed_b
 (``ValueError`` with the fix when it is absent).
 
 Limits: one master, one volume server, one filer; no authentication (any access key works), so
-bind it to loopback only. Starting takes a few seconds.
+bind it to loopback only. Starting takes a few seconds. Its volumes are 256 MiB; the volume server
+turns read-only below ``MIN_FREE`` free on the data directory's disk (an absolute figure, not
+SeaweedFS's default 1%, which on a large, nearly full disk refuses every write while gigabytes
+are free), and :meth:`start` refuses to start with less than ``NEED_FREE`` free, naming the disk.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ PORT_FLAGS = (
     "s3.port",
     "s3.port.grpc",
 )
+
+
+MIN_FREE = 256 << 20
+"""Free space below which the volume server goes read-only (``-volume.minFreeSpace``)."""
+NEED_FREE = 1 << 30
+"""Free space :meth:`SeaweedServer.start` asks for: a few 256 MiB volumes above ``MIN_FREE``."""
 
 
 def weed_binary() -> str:
@@ -90,6 +99,7 @@ class SeaweedServer:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-volume.max=0",
+            f"-volume.minFreeSpace={MIN_FREE >> 20}MiB",
             "-master.volumeSizeLimitMB=256",
             "-volume.preStopSeconds=0",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
@@ -97,6 +107,12 @@ class SeaweedServer:
 
     def start(self, timeout_s: float = 60.0) -> SeaweedServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.data_dir).free
+        if free < NEED_FREE:
+            raise RuntimeError(
+                f"SeaweedFS data dir {self.data_dir}: only {free >> 20} MiB free on its disk, it needs "
+                f"{NEED_FREE >> 20} MiB (256 MiB volumes); free space there or use a data dir on another disk"
+            )
         with open(self.data_dir / "weed.log", "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(),
