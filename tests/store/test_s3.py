@@ -116,3 +116,35 @@ def test_seaweed_refuses_to_start_on_a_full_disk(tmp_path: Path, monkeypatch: py
         server.start()
     assert server.proc is None, "nothing was started"
     assert f"-volume.minFreeSpace={seaweed.MIN_FREE >> 20}MiB" in server.command()
+
+
+def test_a_server_that_never_answers_times_out_naming_the_key() -> None:
+    """A real listener on loopback that accepts every connection and never answers (what a
+    SeaweedFS with a full disk did to a PUT): each call fails within its deadline."""
+    import socket
+    import threading
+    import time
+
+    import s3fs
+
+    from shipyard.store.fsspec_store import FsspecStore
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(srv.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    endpoint = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    fs = s3fs.S3FileSystem(
+        key="k", secret="s", client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True
+    )
+    store = FsspecStore(fs, "bucket/p", timeout_s=2.0)
+    try:
+        for call in (lambda: store.put("a/b.bin", b"x" * 100), lambda: store.get("a/b.bin")):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match=r"'a/b.bin' under bucket/p got no answer within 2 s"):
+                call()
+            assert time.monotonic() - t0 < 10
+        assert held, "the requests reached the silent server"
+    finally:
+        srv.close()
+        for c in held:
+            c.close()

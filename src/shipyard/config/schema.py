@@ -436,6 +436,10 @@ class StoreConfig(_Section):
     """Concurrent requests per transfer (multipart upload parts, ranged GETs of one object)."""
     part_mb: float = Field(8.0, ge=5.0)
     """Multipart upload part and ranged-GET chunk size in MiB (S3 parts are at least 5 MiB)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one S3 store call per round of `connections` parts it moves (at least one):
+    past it the call raises `TimeoutError` naming the key instead of waiting on a server that
+    never answers."""
 
 
 class WeightsConfig(_Section):

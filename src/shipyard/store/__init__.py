@@ -21,6 +21,7 @@ def open_store(cfg: StoreConfig) -> Store:
             cfg.secret_env,
             connections=cfg.connections,
             part_bytes=int(cfg.part_mb * (1 << 20)),
+            timeout_s=cfg.timeout_s,
         )
     raise ValueError(f"store.type={cfg.type!r} is not a known backend (use 'local' or 's3')")
 
