@@ -266,10 +266,9 @@ class WeightRelay:
         """The push of ``version``; when it is not in yet but the feed is healthy and the version
         is new, wait up to ``feed_grace_s`` for it (the poll that saw it may have overtaken it)."""
         wait = self._follower is not None and self._follower.healthy and self.feed_grace_s > 0
-        if wait and (self.version is None or version > self.version):
-            with self._pushed:
-                self._pushed.wait_for(lambda: version in self._pushes, timeout=self.feed_grace_s)
         with self._pushed:
+            if wait and (self.version is None or version > self.version):
+                self._pushed.wait_for(lambda: version in self._pushes, timeout=self.feed_grace_s)
             return self._pushes.pop(version, None)
 
     def on_push(self, push: Push) -> None:
