@@ -172,11 +172,11 @@ def test_segments_survive_the_store_and_a_restarted_feed(tmp_path: Path, long_se
     store = LocalStore(tmp_path)
     for seq, gid in enumerate(["first", "g"]):
         trajs = [dataclasses.replace(t, group_id=gid) for t in segs + other]
-        batch = RolloutBatch(f"w0/{seq:08d}", "w0", time.time() + seq, trajs)
+        batch = RolloutBatch(f"w0/{seq:08d}", "w0", time.time() + seq, trajs, run_id="r1")
         store.put(batch.key(), batch.to_bytes())
-    feed = RolloutFeed(store)
+    feed = RolloutFeed(store, "r1")
     assert [g[0].group_id for g in feed.take(1, 0, 0, timeout_s=5).groups] == ["first"]
-    restarted = RolloutFeed(store, consumed=set(feed.consumed))
+    restarted = RolloutFeed(store, "r1", consumed=set(feed.consumed))
     [group] = restarted.take(1, 0, 0, timeout_s=5).groups
     assert group == [dataclasses.replace(t, group_id="g") for t in segs + other]
 

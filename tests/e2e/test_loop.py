@@ -44,7 +44,7 @@ def _consumed(records: list[dict]) -> dict[int, list[str]]:
 def test_async_run_end_to_end(tmp_path: Path) -> None:
     cfg = load_config(ROOT / "configs/tiny.toml", _overrides(tmp_path))
     train(cfg)
-    store = LocalStore(tmp_path / "store")
+    store = LocalStore(tmp_path / "store" / "tiny")
     records = read_metrics(tmp_path / "tiny/metrics.jsonl")
     steps = [r for r in records if r.get("kind") == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3]
@@ -77,14 +77,14 @@ def test_sync_mode_samples_each_step_with_the_previous_version(tmp_path: Path) -
     cfg = load_config(ROOT / "configs/tiny.toml", _overrides(tmp_path, "trainer.mode=sync"))
     train(cfg)
     records = read_metrics(tmp_path / "tiny/metrics.jsonl")
-    trajs = _trajectories(LocalStore(tmp_path / "store"))
+    trajs = _trajectories(LocalStore(tmp_path / "store" / "tiny"))
     for step, gids in _consumed(records).items():
         versions = {
             v for gid in gids for t in trajs[gid] for v, m in zip(t.versions, t.loss_mask, strict=True) if m
         }
         assert versions == {step - 1}, f"step {step} trained on versions {versions}"
     # versions 1 and 2 exist only as deltas, so the server sampled them by applying deltas
-    store = LocalStore(tmp_path / "store")
+    store = LocalStore(tmp_path / "store" / "tiny")
     assert [read_manifest(store, v).kind for v in (1, 2)] == ["delta", "delta"]
 
 
@@ -119,7 +119,7 @@ def test_killed_run_resumes_without_losing_versions_or_reusing_rollouts(tmp_path
     assert sorted(set(steps)) == list(range(1, 7)) and len(steps) == len(set(steps)), steps
     groups = [g for gs in _consumed(records).values() for g in gs]
     assert len(groups) == len(set(groups)), "a rollout group was trained on twice"
-    store = LocalStore(tmp_path / "store")
+    store = LocalStore(tmp_path / "store" / "tiny")
     assert latest_version(store) == 6
     digests = {r["step"]: r["digest"] for r in records if r.get("kind") == "consumed"}
     for v in published_versions(

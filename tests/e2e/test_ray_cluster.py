@@ -73,7 +73,7 @@ def test_run_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
             timeout=900,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert latest_version(LocalStore(tmp_path / "store")) == 2
+        assert latest_version(LocalStore(tmp_path / "store" / "tiny")) == 2
         # The actors ran in the head's session, not in a Ray instance this process started.
         sessions = list(ray_tmp.glob("session_*/logs/worker-*.out"))
         assert sessions, "no actor logs under the head's temp dir: the run did not use the given cluster"

@@ -23,6 +23,6 @@ def test_ray_placement_runs_the_loop(tmp_path: Path) -> None:
     )
     summary = train(cfg)
     assert summary["trainer"]["final_version"] == 2
-    assert latest_version(LocalStore(tmp_path / "store")) == 2
+    assert latest_version(LocalStore(tmp_path / "store" / "tiny")) == 2
     steps = [r["step"] for r in read_metrics(tmp_path / "tiny/metrics.jsonl") if r.get("kind") == "train"]
     assert steps == [1, 2]

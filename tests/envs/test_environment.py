@@ -31,6 +31,7 @@ from shipyard.orchestrate.components import InferenceNode, session_spec
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
+from shipyard.store.run import stamp_new_run
 from shipyard.trainer.feed import Taken
 from shipyard.trainer.loop import _rollout_metrics
 
@@ -152,7 +153,7 @@ def test_judge_self_is_the_workers_own_server(tmp_path: Path) -> None:
             "rewards.weights={tests=0.5, judge=0.5}",
         ],
     )
-    store = LocalStore(tmp_path)
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
     node = InferenceNode(cfg, store)
     try:
         worker = build_worker(cfg, "w0", node.url, store)
@@ -185,7 +186,7 @@ def test_worker_mixes_canaries_and_the_trainer_logs_hack_metrics(tmp_path: Path)
             "anticheat.canary_rate=0.5",
         ],
     )
-    store = LocalStore(tmp_path)
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
     node = InferenceNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
@@ -219,7 +220,7 @@ def test_worker_plays_db_tasks_on_per_rollout_clones(tmp_path: Path) -> None:
         ROOT / "configs/tiny.toml",
         [f'store.root="{tmp_path}"', "trainer.groups_per_step=1", "rollout.group_size=2", "tasks.num_db=1"],
     )
-    store = LocalStore(tmp_path)
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
     node = InferenceNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)

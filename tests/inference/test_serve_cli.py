@@ -12,6 +12,7 @@ import httpx
 from shipyard.config.schema import ModelConfig
 from shipyard.models.loading import load_model
 from shipyard.store import LocalStore
+from shipyard.store.run import stamp_new_run
 from shipyard.weights.snapshot import WeightPublisher, named_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,7 @@ def _ignore_sigint() -> None:
 
 def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
     port = _free_port()
+    run = stamp_new_run(LocalStore(tmp_path), "tiny")  # what `shipyard train` claims; serve follows it
     cmd = [
         sys.executable,
         "-m",
@@ -66,7 +68,7 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
         ).json()
         assert len(out["results"][0]["token_ids"]) == 4 and out["results"][0]["versions"] == [0] * 4
         model, _ = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
-        WeightPublisher(LocalStore(tmp_path)).publish(1, named_params(model))
+        WeightPublisher(run).publish(1, named_params(model))
         _wait(f"{base}/version", lambda b: b["version"] == 1)
         out = httpx.post(
             f"{base}/generate",

@@ -30,7 +30,7 @@ def _batch(store: LocalStore, name: str, groups: dict[str, int], errors: int = 0
     trajs = []
     for gid, v in groups.items():
         trajs += [_traj(gid, i, v, error="boom" if i < errors else None) for i in range(4)]
-    b = RolloutBatch(batch_id=name, worker_id="w0", created_at=time.time(), trajectories=trajs)
+    b = RolloutBatch(batch_id=name, worker_id="w0", created_at=time.time(), trajectories=trajs, run_id="r1")
     store.put(b.key(), b.to_bytes())
 
 
@@ -46,7 +46,7 @@ def test_take_in_order_and_drop_stale_and_errors(tmp_path: Path) -> None:
     _batch(store, "w0/00000000", {"old": 0, "g1": 4})
     _batch(store, "w0/00000001", {"crashy": 5}, errors=3)
     _batch(store, "w0/00000002", {"g2": 5, "bad": 5})
-    feed = RolloutFeed(store)
+    feed = RolloutFeed(store, "r1")
     taken = feed.take(2, current_version=5, max_off_policy_steps=2, timeout_s=5)
     assert [g[0].group_id for g in taken.groups] == ["g1", "g2"]
     assert taken.dropped_stale == 4 and taken.dropped_errors == 4 and taken.staleness == [1, 0]
@@ -60,8 +60,8 @@ def test_take_in_order_and_drop_stale_and_errors(tmp_path: Path) -> None:
 def test_restarted_feed_skips_consumed_groups(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     _batch(store, "w0/00000000", {"a": 1, "b": 1})
-    feed = RolloutFeed(store)
+    feed = RolloutFeed(store, "r1")
     feed.take(1, current_version=1, max_off_policy_steps=0, timeout_s=5)
-    again = RolloutFeed(store, consumed=feed.consumed)
+    again = RolloutFeed(store, "r1", consumed=feed.consumed)
     taken = again.take(1, current_version=1, max_off_policy_steps=0, timeout_s=5)
     assert [g[0].group_id for g in taken.groups] == ["b"]

@@ -12,6 +12,7 @@ from shipyard.orchestrate.components import InferenceNode, session_spec
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
+from shipyard.store.run import stamp_new_run
 from shipyard.trainer.feed import RolloutFeed
 from shipyard.weights.snapshot import WeightPublisher
 
@@ -30,7 +31,7 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
         ROOT / "configs/tiny.toml",
         [f'store.root="{tmp_path}"', "trainer.groups_per_step=2", "rollout.group_size=2"],
     )
-    store = LocalStore(tmp_path)
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
     node = InferenceNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
@@ -55,7 +56,9 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
     order = list(trajs)  # batches are listed in write order, groups in order within a batch
     last_good = max(i for i, t in enumerate(order) if t.task_id == "ok")
     crashed_before = sum(t.task_id == "broken" for t in order[:last_good])
-    taken = RolloutFeed(store).take(len({t.group_id for t in good}), 0, 0, timeout_s=5)
+    taken = RolloutFeed(store, worker.identity.run_id).take(
+        len({t.group_id for t in good}), 0, 0, timeout_s=5
+    )
     assert taken.dropped_errors == crashed_before and all(g[0].task_id == "ok" for g in taken.groups)
 
 
@@ -69,7 +72,7 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
             "trainer.groups_per_step=1",
         ],
     )
-    store = LocalStore(tmp_path)
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
     node = InferenceNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)

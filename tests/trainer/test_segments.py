@@ -99,17 +99,17 @@ def test_segments_survive_the_store_and_a_restarted_feed(tmp_path: Path) -> None
         gid: [_session(gid, i, n, reward=float(i % 2)) for i, n in enumerate([3, 1, 4])] for gid in "ab"
     }
     trajs = [t for gid in "ab" for s in reversed(sessions[gid]) for t in reversed(s)]  # any order on disk
-    batch = RolloutBatch("w0/00000000", "w0", time.time(), trajs)
+    batch = RolloutBatch("w0/00000000", "w0", time.time(), trajs, run_id="r1")
     store.put(batch.key(), batch.to_bytes())
     again = RolloutBatch.from_bytes(store.get(batch.key()))
     assert again.trajectories == trajs
-    feed = RolloutFeed(store)
+    feed = RolloutFeed(store, "r1")
     first = feed.take(1, current_version=0, max_off_policy_steps=0, timeout_s=5)
     assert first.groups == [
         [t for s in sessions["a"] for t in s]
     ]  # sessions by sample_idx, segments in order
     assert first.dropped_errors == 0 and first.staleness == [0]
-    restarted = RolloutFeed(store, consumed=set(feed.consumed))  # e.g. from a checkpoint's consumed ids
+    restarted = RolloutFeed(store, "r1", consumed=set(feed.consumed))  # e.g. from a checkpoint's consumed ids
     second = restarted.take(1, current_version=0, max_off_policy_steps=0, timeout_s=5)
     assert second.groups == [[t for s in sessions["b"] for t in s]]
     with pytest.raises(TimeoutError):
@@ -123,9 +123,9 @@ def test_feed_counts_crashed_incomplete_and_stale_sessions_once(tmp_path: Path) 
     crashed = _session("g", 0, 3, reward=0.0, version=2, error="boom")
     partial = [t for t in _session("g", 1, 3, reward=1.0, version=2) if t.segment_idx != 1]
     good = _session("g", 2, 2, reward=1.0, version=2) + _session("g", 3, 1, reward=0.0, version=2)
-    batch = RolloutBatch("w0/00000000", "w0", time.time(), stale + crashed + partial + good)
+    batch = RolloutBatch("w0/00000000", "w0", time.time(), stale + crashed + partial + good, run_id="r1")
     store.put(batch.key(), batch.to_bytes())
-    taken = RolloutFeed(store).take(1, current_version=4, max_off_policy_steps=3, timeout_s=5)
+    taken = RolloutFeed(store, "r1").take(1, current_version=4, max_off_policy_steps=3, timeout_s=5)
     assert taken.groups == [good] and taken.staleness == [2]
     assert taken.dropped_stale == 2 and taken.dropped_errors == 2  # sessions, not segments
 

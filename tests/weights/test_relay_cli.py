@@ -7,6 +7,7 @@ import torch
 from shipyard.cli import main
 from shipyard.config import load_config
 from shipyard.store import LocalStore
+from shipyard.store.run import stamp_new_run
 from shipyard.weights.publisher import WeightPublisher
 from shipyard.weights.relay import run_relay
 from shipyard.weights.versions import latest_version, load_version
@@ -23,12 +24,12 @@ def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
     assert main(["relay", str(ROOT / "configs/tiny.toml"), *overrides, "--dry-run"]) == 0
     assert "[relay.mirror]" in capsys.readouterr().out
     cfg = load_config(ROOT / "configs/tiny.toml", [*overrides, "relay.region=eu"])
-    pub = WeightPublisher(LocalStore(tmp_path / "origin"), snapshot_every=2)
+    pub = WeightPublisher(stamp_new_run(LocalStore(tmp_path / "origin"), "tiny"), snapshot_every=2)
     states = [{"w": torch.full((64, 64), float(v)).bfloat16()} for v in range(4)]
     for v, s in enumerate(states):
         pub.publish(v, s)
     relay = run_relay(cfg, max_s=0.5)
-    mirror = LocalStore(tmp_path / "eu")
+    mirror = LocalStore(tmp_path / "eu" / "tiny")
     assert latest_version(mirror) == 3 and relay.name == "relay-eu"
     assert torch.equal(load_version(mirror, 3)["w"], states[3]["w"])
     assert "version 3 mirrored" in capsys.readouterr().out
@@ -56,7 +57,7 @@ def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: P
             f"relay.feed_port={port}",
         ],
     )
-    pub = WeightPublisher(LocalStore(tmp_path / "origin"), feed=origin_feed)
+    pub = WeightPublisher(stamp_new_run(LocalStore(tmp_path / "origin"), "tiny"), feed=origin_feed)
     states = [{"w": torch.full((64, 64), float(v)).bfloat16()} for v in range(3)]
     pub.publish(0, states[0])
     got: list[int] = []
@@ -78,6 +79,6 @@ def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: P
     relay = run_relay(cfg, max_s=4.0)
     t.join()
     origin_feed.close()
-    assert relay.version == 2 and latest_version(LocalStore(tmp_path / "eu")) == 2
+    assert relay.version == 2 and latest_version(LocalStore(tmp_path / "eu" / "tiny")) == 2
     assert torch.equal(relay.state["w"], states[2]["w"])
     assert 2 in got, "the region's feed pushed what the relay mirrored"

@@ -14,9 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""`run.name` is one path component: it names the run's directory and its prefix in the store."""
 
 
 class _Section(BaseModel):
@@ -65,6 +69,10 @@ class InferenceConfig(_Section):
     """Port for `shipyard serve`; 0 picks a free one."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads for the engine."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Precision of the engine's model (its head and routers per `fp32_lm_head`/`fp32_router`).
+    `auto`: bf16 where the device has fast bf16 (`shipyard.models.hardware`), fp32 elsewhere. A bf16
+    sampler adds sampler/trainer mismatch (docs/mismatch.md)."""
     deterministic: bool = False
     """Batch-invariant sampling: each request runs as its own batch, so its logits do not depend on
     what else is sampled with it (costs the batching speedup; see docs/mismatch.md)."""
@@ -400,9 +408,11 @@ class TrainerConfig(_Section):
     train_layers: int = Field(0, ge=0)
     """Train only the top N decoder blocks and the final norm (0 = all parameters). Lower blocks get
     no backward pass; a CPU budget knob. Published versions always hold every parameter."""
-    bf16_decoder: bool = False
+    bf16_decoder: bool | Literal["auto"] = False
     """Run the trainer's decoder forward/backward under bf16 autocast (fp32 master weights, fp32 LM
-    head and logprobs). Faster on CPUs with bf16 units; adds sampler/trainer mismatch (logged)."""
+    head and logprobs); adds sampler/trainer mismatch (logged). `auto` (the shipped configs): only
+    where the device has fast bf16 (`shipyard.models.hardware`: CUDA with bf16; CPUs with AVX512-BF16 or AMX that oneDNN
+    may use), fp32 elsewhere. `true` on a CPU without bf16 units warns: it runs ~10-100x slower."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward micro-batch."""
     router_replay: bool = False
@@ -423,7 +433,8 @@ class StoreConfig(_Section):
     type: Literal["local", "s3"] = "local"
     """Backend: a local directory, or an S3-compatible object store through fsspec (s3fs)."""
     root: str = "runs/store"
-    """Directory that holds `weights/`, `rollouts/` and `control/` (for `s3`: `bucket/prefix`)."""
+    """Directory (for `s3`: `bucket/prefix`) holding one folder per run, `<run.name>/` with its
+    `RUN.json` stamp, `weights/`, `rollouts/` and `control/`; many runs can share a root."""
     endpoint_url: str | None = None
     """S3 endpoint, e.g. `http://127.0.0.1:8333` for SeaweedFS (none = AWS)."""
     region: str = "us-east-1"
@@ -455,8 +466,9 @@ class WeightsConfig(_Section):
     """A subscriber that has not renewed its store record for this long no longer pins versions."""
     cache_dir: str | None = None
     """Where subscribers keep resumable downloads (none = a temporary directory per subscriber)."""
-    dtype: Literal["bfloat16", "float16", "float32"] | None = None
-    """Dtype versions are published in, i.e. the serving precision (none = the trainer's own). bf16
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    """Dtype versions are published in, i.e. the serving precision (none = the trainer's own; `auto` =
+    the engine's resolved `inference.dtype`). bf16
     versions of an fp32-master model change far fewer bits per step, so deltas are far smaller; an
     engine of another dtype converts when it applies them."""
     feed_port: int | None = Field(None, ge=0, le=65535)
@@ -610,7 +622,9 @@ class AntiCheatConfig(_Section):
 
 class RunConfig(_Section):
     name: str = "demo"
-    """Run name; outputs go to `output_dir/name`."""
+    """Run name; outputs go to `output_dir/name`, and the run's weights, rollouts and control records
+    to `<store.root>/<name>/` (`shipyard.store.run`): runs of different names never share data, and a
+    run re-run under its name resumes. Letters, digits, `.`, `_`, `-`."""
     output_dir: str = "runs"
     """Parent directory of run outputs (metrics, checkpoints, plots)."""
     seed: int = 0
@@ -624,6 +638,16 @@ class RunConfig(_Section):
     """Evaluate held-out tasks before and after training and write `demo.json`."""
     results_dir: str = "benchmarks/results"
     """Where machine-readable results (demo.json, humaneval.json) are written."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not re.match(RUN_NAME_PATTERN, name):
+            raise ValueError(
+                "must be one path component of letters, digits, '.', '_' or '-' (not starting with '.' "
+                "or '-'), e.g. run.name=try2"
+            )
+        return name
 
 
 class ShipyardConfig(_Section):

@@ -38,18 +38,21 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     from shipyard.inference.client import LocalInferenceClient
     from shipyard.inference.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
-    from shipyard.models.precision import apply_inference_precision
-    from shipyard.store import open_store
+    from shipyard.models.precision import engine_precision
+    from shipyard.store.run import open_run
     from shipyard.weights.snapshot import load_version
 
     torch.set_num_threads(cfg.inference.threads)
     model, tok = load_model(cfg.model)
-    apply_inference_precision(model, cfg.inference.fp32_lm_head, cfg.inference.fp32_router)
+    precision = engine_precision(model, cfg.inference)
     engine = EmbeddedEngine(
         model, tok, max_batch=cfg.inference.max_batch, prefix_cache_mb=cfg.inference.prefix_cache_mb
     )
-    if cfg.eval.version is not None:
-        engine.stage_weights(cfg.eval.version, load_version(open_store(cfg.store), cfg.eval.version))
+    engine.precision = precision
+    if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only
+        engine.stage_weights(
+            cfg.eval.version, load_version(open_run(cfg.store, cfg.run.name), cfg.eval.version)
+        )
         engine.apply_pending()
     spec = session_spec(cfg, LocalInferenceClient(engine), tok)
     suites = {

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
@@ -62,6 +63,12 @@ class HttpInferenceClient:
         resp = self._http.get("/version")
         _raise_for(resp)
         return int(resp.json()["version"])
+
+    def stats(self) -> dict[str, Any]:
+        """The server's ``/stats``: engine counters, version, precision."""
+        resp = self._http.get("/stats")
+        _raise_for(resp)
+        return dict(resp.json())
 
     def wait_ready(self, timeout_s: float = 60.0, poll_s: float = 0.1) -> int:
         """Poll ``/health`` until the server answers ok; returns its version; TimeoutError otherwise."""

@@ -278,6 +278,15 @@ class _Batch:
         return None if bool(self.attn_BT.all()) else self.attn_BT
 
 
+def _bulk_dtype(model: Any) -> str:
+    """The dtype holding most of ``model``'s parameters (an fp32 head on a bf16 decoder is "bfloat16")."""
+    sizes: dict[str, int] = {}
+    for p in model.parameters():
+        name = str(p.dtype).removeprefix("torch.")
+        sizes[name] = sizes.get(name, 0) + p.numel()
+    return max(sizes, key=lambda k: sizes[k])
+
+
 class EmbeddedEngine:
     """Batched sampler around an HF causal LM; see the module docstring for the contract."""
 
@@ -330,6 +339,8 @@ class EmbeddedEngine:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.device = next(model.parameters()).device
+        self.precision: dict[str, str] = {"dtype": _bulk_dtype(model), "reason": "as given"}
+        """The model's dtype and why it was chosen (set by whoever cast the model; served on ``/stats``)."""
         self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self._lock = threading.RLock()
         self._stage_lock = threading.Lock()

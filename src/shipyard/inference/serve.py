@@ -2,8 +2,10 @@
 
 Contract: loads the configured model as version 0, serves it over HTTP on
 ``inference.host:inference.port`` (token-in/token-out ``/generate``, OpenAI-compatible
-``/v1/chat/completions``, ``/health``, ``/version``) and adopts each new version published to
-``weights/`` between decode steps. Runs until interrupted.
+``/v1/chat/completions``, ``/health``, ``/version``) and adopts each new version that the run
+``run.name`` publishes (its ``weights/`` in the store, :func:`shipyard.store.run.open_run`: a name
+the store does not hold is an error listing the runs it does) between decode steps. Runs until
+interrupted.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from shipyard.config.schema import ShipyardConfig
 
 def serve(cfg: ShipyardConfig) -> None:
     from shipyard.orchestrate.components import InferenceNode
-    from shipyard.store import open_store
+    from shipyard.store.run import open_run
 
-    node = InferenceNode(cfg, open_store(cfg.store), port=cfg.inference.port)
+    store = open_run(cfg.store, cfg.run.name)  # follows the run named run.name, and only it
+    node = InferenceNode(cfg, store, port=cfg.inference.port)
     console = Console()
-    console.print(f"serving {cfg.model.source} at {node.url}  (weights from {cfg.store.root}; Ctrl-C stops)")
+    console.print(
+        f"serving {cfg.model.source} at {node.url}  (weights of {store.identity.describe()} from {store.where}; "
+        f"{node.engine.precision['reason']}; Ctrl-C stops)",
+        soft_wrap=True,
+    )
     try:
         while True:
             time.sleep(1.0)

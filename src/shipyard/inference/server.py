@@ -16,7 +16,8 @@ Contract:
   ``POST /v1/chat/completions`` (OpenAI-compatible subset, see :class:`ChatCompletionBody`; each
   choice carries an extension ``shipyard: {token_ids, logprobs, versions}``), ``GET /v1/models``,
   ``GET /health`` -> ``{"status": "ok", "version": v}``, ``GET /version`` -> ``{"version": v}``,
-  ``GET /stats`` -> the engine's counters (sequences, decode steps, joins, prefix-cache hits, ...).
+  ``GET /stats`` -> the engine's counters (sequences, decode steps, joins, prefix-cache hits, ...)
+  and ``precision`` (the engine's dtype and why it was chosen).
   Malformed requests get HTTP 400 with the reason; a failed batch gets 500.
 - :class:`InferenceServer` runs uvicorn in a background thread on a socket it binds itself (port
   0 picks a free port, known as soon as ``start()`` returns); ``stop()`` shuts uvicorn and the
@@ -347,6 +348,7 @@ def create_app(
         return {
             **engine.stats,
             "version": engine.version,
+            "precision": engine.precision,
             "prefix_cache_entries": 0 if cache is None else len(cache),
             "prefix_cache_bytes": 0 if cache is None else cache.nbytes,
         }

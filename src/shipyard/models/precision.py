@@ -124,3 +124,20 @@ def apply_inference_precision(model: nn.Module, fp32_lm_head: bool, fp32_router:
         return []
     router = fp32_router and bool(moe_routers(model))
     return cast_for_sampling(model, dtype, fp32_head=fp32_lm_head, fp32_router=router)
+
+
+def engine_precision(model: nn.Module, cfg: Any) -> dict[str, str]:
+    """Cast a freshly loaded (fp32) engine model to ``cfg.inference.dtype`` resolved for its device
+    (``auto``: bf16 where :func:`shipyard.models.hardware.bf16_support` says it is fast), then apply
+    ``fp32_lm_head`` / ``fp32_router``. ``cfg`` is the :class:`InferenceConfig`. Returns the record the
+    server shows on ``/stats``: ``{"dtype": ..., "reason": ...}``."""
+    from shipyard.models.hardware import resolve_dtype
+
+    device = next(model.parameters()).device.type
+    dtype, reason = resolve_dtype(cfg.dtype, device, "inference.dtype")
+    if dtype == torch.float32:
+        apply_inference_precision(model, cfg.fp32_lm_head, cfg.fp32_router)  # as loaded, if already low
+    else:  # from the fp32 weights: the fp32 parts keep their full values
+        router = cfg.fp32_router and bool(moe_routers(model))
+        cast_for_sampling(model, dtype, fp32_head=cfg.fp32_lm_head, fp32_router=router)
+    return {"dtype": str(dtype).removeprefix("torch."), "reason": reason}

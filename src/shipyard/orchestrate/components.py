@@ -147,12 +147,12 @@ class InferenceNode:
         from shipyard.inference.engine import EmbeddedEngine
         from shipyard.inference.server import InferenceServer
         from shipyard.models.loading import load_model
-        from shipyard.models.precision import apply_inference_precision
+        from shipyard.models.precision import engine_precision
         from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
         torch.set_num_threads(cfg.inference.threads)
         model, self.tokenizer = load_model(cfg.model)
-        apply_inference_precision(model, cfg.inference.fp32_lm_head, cfg.inference.fp32_router)
+        precision = engine_precision(model, cfg.inference)
         self.engine = EmbeddedEngine(
             model,
             self.tokenizer,
@@ -161,6 +161,7 @@ class InferenceNode:
             deterministic=cfg.inference.deterministic,
             prefix_cache_mb=cfg.inference.prefix_cache_mb,
         )
+        self.engine.precision = precision
         self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
         self.server.start()
         self.subscriber = WeightSubscriber(

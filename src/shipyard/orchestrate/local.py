@@ -14,7 +14,7 @@ from typing import Any
 from shipyard.config.schema import ShipyardConfig
 from shipyard.orchestrate.components import InferenceNode, build_worker
 from shipyard.rollout.worker import RolloutWorker
-from shipyard.store import open_store
+from shipyard.store.run import open_run
 from shipyard.trainer.loop import run_trainer
 
 
@@ -22,7 +22,7 @@ class LocalPlacement:
     def __init__(self, cfg: ShipyardConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.store = open_store(cfg.store)
+        self.store = open_run(cfg.store, cfg.run.name)
         self.nodes: list[InferenceNode] = []
         self.workers: list[RolloutWorker] = []
         self._threads: list[threading.Thread] = []

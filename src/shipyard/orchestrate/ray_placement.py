@@ -20,9 +20,9 @@ from shipyard.config.schema import ShipyardConfig
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig) -> None:
         from shipyard.orchestrate.components import InferenceNode
-        from shipyard.store import open_store
+        from shipyard.store.run import open_run
 
-        self.node = InferenceNode(cfg, open_store(cfg.store))
+        self.node = InferenceNode(cfg, open_run(cfg.store, cfg.run.name))
 
     def url(self) -> str:
         return self.node.url
@@ -34,9 +34,9 @@ class _InferenceActor:
 class _RolloutActor:
     def __init__(self, cfg: ShipyardConfig, worker_id: str, url: str) -> None:
         from shipyard.orchestrate.components import build_worker
-        from shipyard.store import open_store
+        from shipyard.store.run import open_run
 
-        self.worker = build_worker(cfg, worker_id, url, open_store(cfg.store))
+        self.worker = build_worker(cfg, worker_id, url, open_run(cfg.store, cfg.run.name))
 
     def run(self) -> int:
         return self.worker.run()
@@ -48,10 +48,10 @@ class _TrainerActor:
         self.run_dir = Path(run_dir)
 
     def run(self) -> dict[str, Any]:
-        from shipyard.store import open_store
+        from shipyard.store.run import open_run
         from shipyard.trainer.loop import run_trainer
 
-        return run_trainer(self.cfg, open_store(self.cfg.store), self.run_dir)
+        return run_trainer(self.cfg, open_run(self.cfg.store, self.cfg.run.name), self.run_dir)
 
 
 def _loopback_host(address: str) -> str | None:

@@ -8,6 +8,13 @@ tasks, and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
 ``<results_dir>/demo.json`` (``heldout_n``, ``heldout_before``, ``heldout_after``,
 ``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``). Rerunning the same command after a
 crash resumes the trainer from its last checkpoint.
+
+Before any work the run claims its store (:func:`shipyard.store.run.claim_run`): its data lives
+under ``<store.root>/<run.name>/``, and a store prefix that belongs to another run is refused.
+The "before" evaluation scores the run's own base version 0 (a resumed run reuses its
+``eval_before.json``; one resumed past version 0 without it skips the comparison and says why).
+The precision each component chose for its hardware (``trainer.bf16_decoder``,
+``inference.dtype``) is printed and recorded in ``summary.json`` under ``precision``.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ from shipyard.metrics.plot import plot_run
 from shipyard.metrics.progress import RunProgress, StepBar, summarize
 from shipyard.orchestrate.base import make_placement
 from shipyard.orchestrate.components import session_spec, task_splits
-from shipyard.rollout.worker import FINISHED_KEY
-from shipyard.store import open_store
+from shipyard.rollout.types import FINISHED_KEY
+from shipyard.store.run import claim_run
+from shipyard.store.types import Store
 
 console = Console()
 
@@ -39,8 +47,10 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
 
     t0 = time.time()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    store = claim_run(cfg.store, cfg.run.name, run_dir)  # refuses another run's store, before any work
+    console.print(f"run {cfg.run.name!r} (id {store.identity.run_id}): data in {store.where}")
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    _print_precision(cfg)
     tokenizer = load_tokenizer(cfg.model)  # converts the shipped model once, before actors load it
     placement = make_placement(cfg, run_dir)
     try:
@@ -49,29 +59,55 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
         spec = session_spec(cfg, client, tokenizer)
         heldout = task_splits(cfg)[1][: cfg.eval.heldout_n]
         before = (
-            _eval_once(run_dir / "eval_before.json", spec, heldout, cfg)
+            _eval_once(run_dir / "eval_before.json", spec, heldout, cfg, store)
             if cfg.run.eval_before_after
             else None
         )
-        open_store(cfg.store).delete(FINISHED_KEY)  # a finished run given more steps goes on
+        store.delete(FINISHED_KEY)  # a finished run given more steps goes on
         placement.start_training()
         _watch(placement, run_dir, cfg.trainer.steps)
         result = placement.trainer_result()
         placement.stop_workers()
         _wait_version(client, cfg.trainer.steps)
+        result["precision"] = {
+            "trainer": result.get("precision"),
+            "inference": client.stats().get("precision"),
+        }
         after = _run_eval("after", spec, heldout, cfg) if before is not None else None
     finally:
         placement.stop()
     return _report(cfg, run_dir, result, before, after, t0)
 
 
-def _eval_once(path: Path, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:
+def _print_precision(cfg: ShipyardConfig) -> None:
+    """What ``auto`` precision resolves to on this machine (each actor decides for its own device and
+    the choices are recorded in ``summary.json``)."""
+    from shipyard.models.hardware import resolve_bf16, resolve_dtype
+
+    _, trainer = resolve_bf16(cfg.trainer.bf16_decoder, "cpu", "trainer.bf16_decoder")
+    _, engine = resolve_dtype(cfg.inference.dtype, "cpu", "inference.dtype")
+    console.print(f"precision: {trainer}\nprecision: {engine}", soft_wrap=True)
+
+
+def _eval_once(
+    path: Path, spec: Any, tasks: list[Any], cfg: ShipyardConfig, store: Store
+) -> EvalResult | None:
+    from shipyard.weights.versions import latest_version
+
     if path.is_file():
         d = json.loads(path.read_text())
         console.print(f"[dim]reusing {path} (pass@1 {sum(d['passed'])}/{len(d['passed'])})")
         return EvalResult(
             task_ids=d["task_ids"], passed=d["passed"], rewards=d["rewards"], errors=d["errors"]
         )
+    if latest_version(store) or 0:  # the servers follow the newest version, not the base
+        console.print(
+            f"[yellow]held-out eval before: skipped: this run resumed at version {latest_version(store)} and "
+            f"has no {path}, so its base is not what is served; score it with `shipyard eval CONFIG run.name={cfg.run.name} "
+            "eval.version=0`",
+            soft_wrap=True,
+        )
+        return None
     res = _run_eval("before", spec, tasks, cfg)
     path.write_text(json.dumps(res.__dict__))
     return res

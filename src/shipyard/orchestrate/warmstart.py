@@ -30,6 +30,7 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     import torch
 
     from shipyard.agent.demonstrate import LongTaskExpert, demonstrations
+    from shipyard.models.hardware import resolve_bf16
     from shipyard.models.loading import load_model
     from shipyard.orchestrate.components import session_spec, task_splits
     from shipyard.trainer.sft import sft
@@ -63,7 +64,7 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
             micro_batch=ws.micro_batch,
             train_layers=cfg.trainer.train_layers,
             seed=cfg.run.seed,
-            bf16_decoder=cfg.trainer.bf16_decoder,
+            bf16_decoder=resolve_bf16(cfg.trainer.bf16_decoder, "cpu", "trainer.bf16_decoder")[0],
             on_step=lambda step, loss: bar.update(step, f"loss {loss:.3f}"),
         )
     report = {

@@ -22,6 +22,8 @@ from typing import Any
 from shipyard.agent.types import Trajectory
 
 ROLLOUT_PREFIX = "rollouts/"
+FINISHED_KEY = "control/finished"
+"""Written by the trainer after its last step (relative to the run's store); rollout workers stop."""
 
 
 @dataclass
@@ -31,6 +33,10 @@ class RolloutBatch:
     created_at: float
     trajectories: list[Trajectory]
     stats: dict[str, Any] = field(default_factory=dict)
+    run: str = ""
+    """``run.name`` of the run whose worker wrote the batch."""
+    run_id: str = ""
+    """That run's id (``shipyard.store.run.RunIdentity``); the trainer rejects any other (or none)."""
 
     def key(self) -> str:
         return f"{ROLLOUT_PREFIX}{self.batch_id}.json.gz"
@@ -40,6 +46,8 @@ class RolloutBatch:
             "batch_id": self.batch_id,
             "worker_id": self.worker_id,
             "created_at": self.created_at,
+            "run": self.run,
+            "run_id": self.run_id,
             "stats": self.stats,
             "trajectories": [t.to_json() for t in self.trajectories],
         }

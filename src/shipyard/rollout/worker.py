@@ -39,10 +39,9 @@ from shipyard.envs.environment import Environment
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.task_format import extra_training_tasks
 from shipyard.envs.types import Task
-from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
+from shipyard.rollout.types import FINISHED_KEY, ROLLOUT_PREFIX, RolloutBatch
+from shipyard.store.run import read_identity
 from shipyard.store.types import Store
-
-FINISHED_KEY = "control/finished"
 
 
 class RolloutWorker:
@@ -55,6 +54,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.cfg = cfg
         self.store = store
+        self.identity = read_identity(store)  # stamped into every batch; the trainer checks it
         self.spec = spec
         self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
@@ -129,6 +129,8 @@ class RolloutWorker:
             worker_id=self.worker_id,
             created_at=time.time(),
             trajectories=trajs,
+            run=self.identity.name,
+            run_id=self.identity.run_id,
             stats={
                 "seconds": time.time() - t0,
                 "version_at_start": version,

@@ -9,7 +9,9 @@ Sessions that crashed (``Trajectory.error`` on any segment) or whose segments ar
 two sessions is dropped. Counts (``dropped_errors``, ``dropped_stale``) are sessions, whatever
 their number of segments. A returned group lists its sessions by ``sample_idx``, each session's
 segments in order. It waits (polling the store) until enough groups arrived, raising
-``TimeoutError`` after ``timeout_s`` with no new batch.
+``TimeoutError`` after ``timeout_s`` with no new batch. A batch whose ``run_id`` is not the
+trainer's run (another run's worker, or a batch from before runs were stamped) is never trained on:
+its groups are counted in ``foreign_rejected`` (per take and in total) and skipped.
 """
 
 from __future__ import annotations
@@ -29,14 +31,21 @@ class Taken:
     wait_s: float
     dropped_stale: int = 0
     dropped_errors: int = 0
+    foreign_rejected: int = 0
     staleness: list[int] = field(default_factory=list)
 
 
 class RolloutFeed:
-    def __init__(self, store: Store, consumed: set[str] | None = None, poll_s: float = 0.2) -> None:
+    def __init__(
+        self, store: Store, run_id: str, consumed: set[str] | None = None, poll_s: float = 0.2
+    ) -> None:
         self.store = store
+        self.run_id = run_id
         self.consumed: set[str] = set(consumed or ())
         self.poll_s = poll_s
+        self.foreign_rejected = 0
+        """Groups of other runs' batches seen so far (never trained on)."""
+        self._foreign_new = 0
         self._seen: set[str] = set()
         self._queue: deque[list[Trajectory]] = deque()
 
@@ -45,6 +54,9 @@ class RolloutFeed:
         batches = [RolloutBatch.from_bytes(self.store.get(k)) for k in new]
         self._seen.update(new)
         for batch in sorted(batches, key=lambda b: b.created_at):
+            if batch.run_id != self.run_id:
+                self._foreign_new += len(batch.groups())
+                continue
             for gid, group in batch.groups().items():
                 if gid not in self.consumed:
                     self._queue.append(sorted(group, key=lambda t: (t.sample_idx, t.segment_idx)))
@@ -82,4 +94,6 @@ class RolloutFeed:
             out.groups.append(trajs)
             out.staleness.append(staleness)
         out.wait_s = time.time() - t0
+        out.foreign_rejected, self._foreign_new = self._foreign_new, 0
+        self.foreign_rejected += out.foreign_rejected
         return out

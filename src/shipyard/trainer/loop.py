@@ -27,7 +27,8 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.anticheat import hack_metrics
 from shipyard.envs.rewards.base import component_metrics
 from shipyard.metrics.logger import MetricsLogger, read_metrics
-from shipyard.rollout.worker import FINISHED_KEY
+from shipyard.rollout.types import FINISHED_KEY
+from shipyard.store.run import read_identity
 from shipyard.store.types import Store
 from shipyard.trainer.feed import RolloutFeed, Taken
 from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
@@ -43,10 +44,12 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
+    identity = read_identity(store)  # the run this trainer trains: its rollouts only
     model, tok = load_model(cfg.model)
+    tcfg, precision = trainer_precision(cfg, next(model.parameters()).device.type)
     model.train()
-    freeze_lower_layers(model, cfg.trainer.train_layers)
-    optimizer = make_optimizer(model, cfg.trainer)
+    freeze_lower_layers(model, tcfg.train_layers)
+    optimizer = make_optimizer(model, tcfg)
     step_kw = {
         "temperature": cfg.sampling.temperature,
         "ref_model": _reference_model(cfg),
@@ -57,7 +60,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     publisher = _publisher(cfg, store)
     if not publisher.has(state["step"]):
         publisher.publish(state["step"], named_params(model))
-    feed = RolloutFeed(store, consumed=set(state["consumed"]))
+    feed = RolloutFeed(store, identity.run_id, consumed=set(state["consumed"]))
     logger = MetricsLogger(run_dir)
     _relog_checkpointed_step(logger, state, store)
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
@@ -72,7 +75,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         batch = batch_advantages(taken.groups, cfg.trainer.loss, cfg.agent.summary)
         t1 = time.time()
         stats = train_step(
-            model, optimizer, batch.trajectories, batch.advantages, cfg.trainer, tok.pad_token_id, **step_kw
+            model, optimizer, batch.trajectories, batch.advantages, tcfg, tok.pad_token_id, **step_kw
         )
         record = {
             "kind": "train",
@@ -95,7 +98,23 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     logger.close()
     if publisher.feed is not None:
         publisher.feed.close()
-    return {"final_version": cfg.trainer.steps, "idle_s": state["idle_s"], "seconds": time.time() - t_start}
+    return {
+        "final_version": cfg.trainer.steps,
+        "idle_s": state["idle_s"],
+        "seconds": time.time() - t_start,
+        "precision": precision,
+        "foreign_rejected": feed.foreign_rejected,
+    }
+
+
+def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, Any]]:
+    """The trainer settings with ``bf16_decoder`` resolved for the model's ``device`` (``auto`` ->
+    true/false from :func:`shipyard.models.hardware.resolve_bf16`), and the record of that choice."""
+    from shipyard.models.hardware import resolve_bf16
+
+    use, reason = resolve_bf16(cfg.trainer.bf16_decoder, device, "trainer.bf16_decoder")
+    print(f"trainer precision: {reason}", flush=True)
+    return cfg.trainer.model_copy(update={"bf16_decoder": use}), {"bf16_decoder": use, "reason": reason}
 
 
 def _publisher(cfg: ShipyardConfig, store: Store) -> WeightPublisher:
@@ -171,6 +190,7 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
         "staleness/max": float(max(taken.staleness, default=0)),
         "rollout/dropped_stale": float(taken.dropped_stale),
         "rollout/dropped_errors": float(taken.dropped_errors),
+        "rollout/foreign_rejected": float(taken.foreign_rejected),
         "rollout/samples": float(len(sessions)),
         "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import TrainerConfig
+from shipyard.models.hardware import resolve_bf16
 from shipyard.models.router_replay import RouterSeam, route_plan
 from shipyard.trainer.corrections import correction_weights
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
@@ -173,6 +174,9 @@ def train_step(
             f"trainer.loss.kl_coef={cfg.loss.kl_coef} > 0 needs ref_model (a frozen copy of the base model)"
         )
     device = next(model.parameters()).device
+    if cfg.bf16_decoder == "auto":  # the loop resolves (and records) it once; direct callers here
+        bf16 = resolve_bf16("auto", device.type, "trainer.bf16_decoder")[0]
+        cfg = cfg.model_copy(update={"bf16_decoder": bf16})
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}

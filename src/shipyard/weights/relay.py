@@ -388,16 +388,18 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
     interrupted (or for ``max_s`` seconds), printing each version as it lands."""
     from rich.console import Console
 
-    from shipyard.store import open_store
+    from shipyard.store.run import mirror_run, open_run
 
     console = Console()
     w, r = cfg.weights, cfg.relay
+    origin = open_run(cfg.store, cfg.run.name)  # the run named run.name, and only it
+    mirror = mirror_run(r.mirror, origin.identity)
     feed = None
     if r.feed_port is not None:  # the region's servers follow it (their `weights.follow_url`)
         feed = VersionFeed(w.feed_host, r.feed_port, int(w.feed_inline_mb * (1 << 20))).start()
     relay = WeightRelay(
-        open_store(cfg.store),
-        open_store(r.mirror),
+        origin,
+        mirror,
         name=f"relay-{r.region}",
         cache_dir=Path(w.cache_dir).expanduser() / f"relay-{r.region}" if w.cache_dir else None,
         connections=cfg.store.connections,
@@ -408,7 +410,7 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
         lease_ttl_s=w.lease_ttl_s,
         feed=feed,
     )
-    console.print(f"relay {r.region}: {cfg.store.root} -> {r.mirror.root} (Ctrl-C stops)")
+    console.print(f"relay {r.region}: {origin.where} -> {mirror.where} (Ctrl-C stops)")
     if feed is not None:
         console.print(f"region feed at {feed.url}")
     t_end = None if max_s is None else time.monotonic() + max_s
