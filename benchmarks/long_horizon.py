@@ -100,14 +100,17 @@ def _evaluate(cfg: ShipyardConfig, version: int | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     from shipyard.orchestrate.train import train
-    from shipyard.store import open_store
+    from shipyard.store.run import RunStoreError, open_run
     from shipyard.weights.versions import latest_version
 
     res: dict[str, dict[str, Any]] = {}
     for name, mode in (("trained_summaries", "summarize"), ("truncation", "truncate")):
         cfg = _cfg(args, tmp, name, mode, args.override)
         t0 = time.time()
-        published = latest_version(open_store(cfg.store)) if args.reuse else None
+        try:
+            published = latest_version(open_run(cfg.store, cfg.run.name)) if args.reuse else None
+        except RunStoreError:  # not run yet
+            published = None
         if published is None or published < args.steps:
             train(cfg)  # resumes from the run's last checkpoint when one exists
         train_s = time.time() - t0

@@ -4,12 +4,11 @@ Contract: reads ``<run>/metrics.jsonl`` of both runs (the trainer's ``kind == "t
 plots per step the mean reward, the mismatch k3 (``mismatch/k3``) and the routing disagreement
 the trainer's forward used (``mismatch/route_disagree``) and its own router's (``mismatch/
 route_own_disagree``) into one PNG, and writes the per-step series and their means to a JSON
-file. The runs are produced by the train driver with the same seeds::
+file. The runs are produced by the train driver with the same seeds (each name keeps its own
+data under ``runs/store/<run.name>/``)::
 
-    shipyard train configs/tiny_moe.toml run.name=moe_replay trainer.router_replay=true \\
-        store.root=runs/moe_replay/store
-    shipyard train configs/tiny_moe.toml run.name=moe_noreplay trainer.router_replay=false \\
-        store.root=runs/moe_noreplay/store
+    shipyard train configs/tiny_moe.toml run.name=moe_replay trainer.router_replay=true
+    shipyard train configs/tiny_moe.toml run.name=moe_noreplay trainer.router_replay=false
     .venv/bin/python benchmarks/replay_runs.py runs/moe_replay runs/moe_noreplay
 
 Limits: plots whatever steps each run logged (a run still going is drawn as far as it got).

@@ -2,8 +2,8 @@
 
 import os
 import threading
-import time
 from pathlib import Path
+from unittest import mock
 
 from shipyard.config import load_config
 from shipyard.envs.types import Task
@@ -77,13 +77,22 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
+        waiting = threading.Event()
+        wait_for_version = worker.wait_for_version
+
+        def observed(needed: int) -> bool:
+            if needed == 1:
+                waiting.set()  # the worker is about to block until the server serves version 1
+            return wait_for_version(needed)
+
         t = threading.Thread(target=worker.run, kwargs={"max_batches": 2})
-        t.start()
-        deadline = time.time() + 60
-        while not store.list("rollouts/w0/") and time.time() < deadline:
-            time.sleep(0.1)
-        time.sleep(2.0)
-        assert len(store.list("rollouts/w0/")) == 1, "sync worker must wait for version 1 before batch 1"
+        with mock.patch.object(worker, "wait_for_version", observed):
+            t.start()
+            assert waiting.wait(timeout=120), "the worker never asked for version 1"
+        for _ in range(20):  # while it waits, the server is at version 0 and batch 1 cannot appear
+            assert node.engine.version == 0 and t.is_alive()
+            assert len(store.list("rollouts/w0/")) == 1, "sync worker must wait for version 1 before batch 1"
+            waiting.wait(0.05)
         WeightPublisher(store).publish(1, _params(node))
         t.join(timeout=60)
         assert not t.is_alive()

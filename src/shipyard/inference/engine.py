@@ -279,12 +279,12 @@ class _Batch:
 
 
 def _bulk_dtype(model: Any) -> str:
-    """The dtype holding most of ``model``'s parameters (an fp32 head on a bf16 decoder is "bfloat16")."""
-    sizes: dict[str, int] = {}
+    """The dtype of most of ``model``'s parameter tensors (an fp32 head on a bf16 decoder is "bfloat16")."""
+    counts: dict[str, int] = {}
     for p in model.parameters():
         name = str(p.dtype).removeprefix("torch.")
-        sizes[name] = sizes.get(name, 0) + p.numel()
-    return max(sizes, key=lambda k: sizes[k])
+        counts[name] = counts.get(name, 0) + 1
+    return max(counts, key=lambda k: counts[k])
 
 
 class EmbeddedEngine:

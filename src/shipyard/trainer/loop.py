@@ -119,8 +119,6 @@ def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, 
 
 def _publisher(cfg: ShipyardConfig, store: Store) -> WeightPublisher:
     """The trainer's publisher, serving a version feed when ``weights.feed_port`` is set."""
-    import torch
-
     from shipyard.weights.feed import VersionFeed
 
     w = cfg.weights
@@ -134,9 +132,22 @@ def _publisher(cfg: ShipyardConfig, store: Store) -> WeightPublisher:
         shard_bytes=int(w.shard_mb * (1 << 20)),
         workers=w.workers,
         connections=cfg.store.connections,
-        dtype=getattr(torch, w.dtype) if w.dtype else None,
+        dtype=_published_dtype(cfg),
         feed=feed,
     )
+
+
+def _published_dtype(cfg: ShipyardConfig) -> Any:
+    """``weights.dtype`` as a torch dtype: None = the trainer's own; ``auto`` = ``inference.dtype`` as
+    it resolves on this host (a CPU engine without bf16 units gets fp32 versions, one with them bf16)."""
+    import torch
+
+    from shipyard.models.hardware import resolve_dtype
+
+    w = cfg.weights
+    if w.dtype == "auto":
+        return resolve_dtype(cfg.inference.dtype, "cpu", "inference.dtype")[0]
+    return getattr(torch, w.dtype) if w.dtype else None
 
 
 def _relog_checkpointed_step(logger: MetricsLogger, state: dict[str, Any], store: Store) -> None:

@@ -1,0 +1,95 @@
+"""The small harness benchmarks share: arguments, the machine description, the table, the results JSON.
+
+Contract: :func:`parser` gives an ``argparse`` parser with ``--quick`` (a reduced size that runs in
+under a minute) and ``--out`` (the results directory); :func:`machine` describes the host (CPU model,
+cores, torch and its CPU capability, date) for ``docs/benchmarks.md``; :func:`table` prints rows
+side by side with rich; :func:`write_results` writes ``<out>/<name>.json`` (``<name>_quick.json``
+under ``--quick``) atomically, with the machine description under ``machine``.
+
+Example::
+
+    args = parser(__doc__).parse_args()
+    rows = {"fp32": {"tok/s": 31.5}, "bf16": {"tok/s": 3.4}}
+    table("trainer precision", rows)
+    write_results(args, "precision", {"trainer_tok_s_fp32": 31.5, ...})
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+RESULTS = Path(__file__).resolve().parent / "results"
+console = Console()
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="reduced size (under a minute); writes <name>_quick.json"
+    )
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory of the results JSON")
+    return p
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def table(title: str, rows: dict[str, dict[str, Any]]) -> None:
+    """Print ``rows`` (row name -> column -> value) as one table; floats to 3 significant digits."""
+    cols: list[str] = []
+    for r in rows.values():
+        cols += [c for c in r if c not in cols]
+    t = Table(title=title)
+    t.add_column("")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for name, r in rows.items():
+        t.add_row(name, *(_fmt(r.get(c, "")) for c in cols))
+    console.print(t)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def write_results(args: argparse.Namespace, name: str, figures: dict[str, Any]) -> Path:
+    """Write ``figures`` (plus ``machine`` and ``quick``) to ``<out>/<name>[_quick].json``, atomically."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{name}{'_quick' if args.quick else ''}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**figures, "quick": args.quick, "machine": machine()}, indent=1) + "\n")
+    tmp.replace(path)
+    console.print(f"wrote {path}")
+    return path
