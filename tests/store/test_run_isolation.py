@@ -114,8 +114,14 @@ def test_resume_keeps_the_run_and_its_versions(tmp_path: Path) -> None:
     summary = train(_cfg(tmp_path, "r", "trainer.steps=3"))  # the same run given one more step
     assert summary["trainer"]["final_version"] == 3
     precision = summary["trainer"]["precision"]  # what each component chose, and why
-    assert precision["trainer"]["bf16_decoder"] is False and "trainer.bf16_decoder=false" in precision["trainer"]["reason"]
-    assert precision["inference"] == {"dtype": "float32", "reason": "inference.dtype=float32 (set explicitly)"}
+    assert (
+        precision["trainer"]["bf16_decoder"] is False
+        and "trainer.bf16_decoder=false" in precision["trainer"]["reason"]
+    )
+    assert precision["inference"] == {
+        "dtype": "float32",
+        "reason": "inference.dtype=float32 (set explicitly)",
+    }
     after = _files(tmp_path / "store" / "r")
     assert before["RUN.json"] == after["RUN.json"]
     v1 = [k for k in before if k.startswith("weights/00000001/")]
