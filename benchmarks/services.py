@@ -44,7 +44,7 @@ from rich.table import Table
 
 from shipyard.config.schema import PostgresConfig, SandboxConfig
 from shipyard.envs.db_tasks import MIGRATION_FILE, db_tasks, grade_db
-from shipyard.envs.services.base import ServicePool
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService, postgres_available
 from shipyard.envs.types import Task
 

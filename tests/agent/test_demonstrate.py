@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from shipyard.agent.demonstrate import SUMMARY_LEAD, LongTaskExpert, demonstrations
+from shipyard.agent.spec import session_spec
 from shipyard.agent.types import Trajectory
 from shipyard.cli import main
 from shipyard.config import load_config
@@ -20,7 +21,6 @@ from shipyard.config.schema import ModelConfig
 from shipyard.envs.long_tasks import RULES, long_tasks, read_rule, solution_from_rules
 from shipyard.envs.sandbox import sandbox_available
 from shipyard.models.loading import load_model
-from shipyard.orchestrate.components import session_spec
 from shipyard.orchestrate.warmstart import _save
 from shipyard.trainer.sft import sft
 

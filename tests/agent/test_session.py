@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 
 from shipyard.agent.session import ChatFrame, SessionSpec, run_session, session_seed
+from shipyard.agent.spec import run_grader, run_sandbox
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig
 from shipyard.envs.types import Task
 from shipyard.inference.client import LocalInferenceClient
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
-from shipyard.orchestrate.components import _grade, _sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = Task(
@@ -37,8 +37,8 @@ def _spec(engine_tok, **agent) -> SessionSpec:
         frame=ChatFrame(tok),
         agent=AgentConfig(**{"max_turns": 3, "max_session_tokens": 600, **agent}),
         sampling=SamplingConfig(max_tokens=20),
-        sandbox_factory=lambda files: _sandbox(files, sb),
-        grader=lambda task, files: _grade(task, files, sb),
+        sandbox_factory=lambda files: run_sandbox(files, sb),
+        grader=lambda task, files: run_grader(task, files, sb),
     )
 
 
@@ -97,6 +97,6 @@ def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
         hidden_tests="import time\n\ndef test_slow():\n    time.sleep(60)\n",
     )
     spec = _spec(engine_tok, max_turns=1)
-    spec.grader = lambda task, files: _grade(task, files, SandboxConfig(timeout_s=1.5))
+    spec.grader = lambda task, files: run_grader(task, files, SandboxConfig(timeout_s=1.5))
     [traj] = run_session(spec, slow, "g", 3)
     assert traj.error is None and traj.reward == 0.0 and "tim" in traj.reward_info["reason"]

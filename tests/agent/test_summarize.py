@@ -11,6 +11,7 @@ import pytest
 
 from shipyard.agent.actions import REMINDER, clip_output
 from shipyard.agent.session import ChatFrame, SessionSpec, first_message, run_session, session_seed
+from shipyard.agent.spec import run_grader, run_sandbox
 from shipyard.agent.summarize import SUMMARY_HEADER, carried_state, resume_message, rollout_summary_metrics
 from shipyard.agent.types import Trajectory
 from shipyard.config import ConfigError, load_config
@@ -28,7 +29,6 @@ from shipyard.inference.client import LocalInferenceClient
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
-from shipyard.orchestrate.components import _grade, _sandbox
 from shipyard.rollout.types import RolloutBatch
 from shipyard.store import LocalStore
 from shipyard.trainer.advantages import batch_advantages
@@ -67,8 +67,8 @@ def _spec(engine_tok, max_turns: int = 12, summarize_at: int = 220) -> SessionSp
             max_turns=max_turns, max_session_tokens=WINDOW, summarize_at_tokens=summarize_at, summary=summary
         ),
         sampling=SamplingConfig(max_tokens=TURN_TOKENS),
-        sandbox_factory=lambda files: _sandbox(files, sb),
-        grader=lambda task, files: _grade(task, files, sb),
+        sandbox_factory=lambda files: run_sandbox(files, sb),
+        grader=lambda task, files: run_grader(task, files, sb),
     )
 
 
@@ -265,7 +265,7 @@ def test_truncation_baseline_drops_the_context_without_a_summary(engine_tok) -> 
 
 
 def test_task_set_switch_trains_on_long_tasks() -> None:
-    from shipyard.orchestrate.components import task_splits
+    from shipyard.envs.splits import task_splits
 
     cfg = load_config(None, ["tasks.set=long", "tasks.num_generated=20", "tasks.long_modules=3"])
     train, heldout = task_splits(cfg)

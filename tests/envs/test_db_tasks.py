@@ -19,7 +19,8 @@ import pytest
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.db_tasks import APPLY, FAMILIES, MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.sandbox import BwrapSandbox
-from shipyard.envs.services.base import ServicePool, lease_binds, lease_files
+from shipyard.envs.services.base import lease_binds, lease_files
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService, postgres_available
 from shipyard.envs.types import RewardResult, Task
 

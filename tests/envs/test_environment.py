@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.agent.spec import session_spec
 from shipyard.agent.types import Trajectory
 from shipyard.config import load_config
 from shipyard.config.schema import AntiCheatConfig, JudgeConfig, RewardsConfig, SandboxConfig
@@ -27,7 +28,7 @@ from shipyard.envs.repo_tasks import apply_patch_locally, repo_tasks
 from shipyard.envs.services.postgres import postgres_available
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.orchestrate.components import InferenceNode, session_spec
+from shipyard.inference.node import InferenceNode
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore

@@ -22,7 +22,7 @@ from shipyard.envs.repo_tasks import RepoCache
 from shipyard.envs.rewards.base import component_metrics, composite, needed
 from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
 from shipyard.envs.rewards.judge import RubricJudge, parse_scores
-from shipyard.envs.services.base import ServicePool
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.types import Task
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer

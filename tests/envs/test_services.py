@@ -20,7 +20,8 @@ import pytest
 
 from shipyard.config.schema import PostgresConfig, SandboxConfig, ServicesConfig
 from shipyard.envs.sandbox import BwrapSandbox
-from shipyard.envs.services.base import ServicePool, lease_binds, lease_files
+from shipyard.envs.services.base import lease_binds, lease_files
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import (
     PostgresService,
     find_bin_dir,

@@ -20,7 +20,7 @@ from shipyard.config.schema import SandboxConfig, TasksConfig
 from shipyard.envs.db_tasks import MIGRATION_FILE, grade_db
 from shipyard.envs.grader import grade
 from shipyard.envs.repo_tasks import PROTECTED, RepoCache, grade_repo, make_patch
-from shipyard.envs.services.base import ServicePool
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import postgres_available
 from shipyard.envs.task_format import check_references, extra_training_tasks, load_task_file, main
 

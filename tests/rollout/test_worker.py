@@ -5,10 +5,11 @@ import threading
 from pathlib import Path
 from unittest import mock
 
+from shipyard.agent.spec import session_spec
 from shipyard.config import load_config
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.orchestrate.components import InferenceNode, session_spec
+from shipyard.inference.node import InferenceNode
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore

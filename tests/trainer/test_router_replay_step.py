@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from shipyard.agent.session import ChatFrame, SessionSpec, run_session
+from shipyard.agent.spec import run_grader, run_sandbox
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig, TrainerConfig
 from shipyard.envs.types import Task
@@ -24,7 +25,6 @@ from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingPa
 from shipyard.models.loading import load_model
 from shipyard.models.router_replay import RouterSeam, moe_routers
 from shipyard.models.routes import decode_routes
-from shipyard.orchestrate.components import _grade, _sandbox
 from shipyard.rollout.types import RolloutBatch
 from shipyard.store import LocalStore
 from shipyard.trainer.loop import _named
@@ -136,8 +136,8 @@ def test_multi_turn_session_routes_every_forwarded_token(policy: tuple[Any, Any]
         frame=ChatFrame(tok),
         agent=AgentConfig(max_turns=3, max_session_tokens=600),
         sampling=SamplingConfig(max_tokens=16),
-        sandbox_factory=lambda files: _sandbox(files, sb),
-        grader=lambda task, files: _grade(task, files, sb),
+        sandbox_factory=lambda files: run_sandbox(files, sb),
+        grader=lambda task, files: run_grader(task, files, sb),
     )
     [traj] = run_session(spec, TASK, "g", 0)
     assert traj.error is None and traj.num_turns == 3 and len(client.calls) == 3

@@ -1,5 +1,7 @@
 """`shipyard relay CONFIG`: mirrors the origin store into the configured regional store."""
 
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -13,6 +15,15 @@ from shipyard.weights.relay import run_relay
 from shipyard.weights.versions import latest_version, load_version
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _until(cond, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
@@ -38,9 +49,6 @@ def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
 def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: Path) -> None:
     """`relay.feed_url` + `relay.feed_port`: versions arrive by push (polls are a minute apart)
     and are pushed on to the region's followers."""
-    import threading
-    import time
-
     from shipyard.weights.feed import FeedFollower, VersionFeed
 
     origin_feed = VersionFeed().start()
@@ -60,25 +68,28 @@ def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: P
     pub = WeightPublisher(stamp_new_run(LocalStore(tmp_path / "origin"), "tiny"), feed=origin_feed)
     states = [{"w": torch.full((64, 64), float(v)).bfloat16()} for v in range(3)]
     pub.publish(0, states[0])
+    mirror = LocalStore(tmp_path / "eu" / "tiny")
     got: list[int] = []
-
-    def later() -> None:
-        follower = FeedFollower(
-            f"http://127.0.0.1:{port}", after=lambda: None, on_push=lambda p: got.append(p.version)
-        )
-        for v in (1, 2):
-            time.sleep(0.8)
-            if v == 1:
-                follower.start()
-            pub.publish(v, states[v])
-        time.sleep(1.0)
+    stop = threading.Event()
+    out: list = []
+    runner = threading.Thread(target=lambda: out.append(run_relay(cfg, stop=stop)))
+    runner.start()
+    follower = FeedFollower(
+        f"http://127.0.0.1:{port}", after=lambda: None, on_push=lambda p: got.append(p.version)
+    )
+    try:
+        assert _until(lambda: latest_version(mirror) == 0), "the relay's first sync"
+        pub.publish(1, states[1])  # polls are a minute apart: only the origin's push brings it
+        assert _until(lambda: latest_version(mirror) == 1)
+        follower.start()
+        assert _until(lambda: follower.healthy)
+        pub.publish(2, states[2])
+        assert _until(lambda: 2 in got), "the region's feed pushed what the relay mirrored"
+    finally:
         follower.stop()
-
-    t = threading.Thread(target=later)
-    t.start()
-    relay = run_relay(cfg, max_s=4.0)
-    t.join()
-    origin_feed.close()
-    assert relay.version == 2 and latest_version(LocalStore(tmp_path / "eu" / "tiny")) == 2
+        stop.set()
+        runner.join(timeout=60)
+        origin_feed.close()
+    [relay] = out
+    assert relay.version == 2 and latest_version(mirror) == 2
     assert torch.equal(relay.state["w"], states[2]["w"])
-    assert 2 in got, "the region's feed pushed what the relay mirrored"

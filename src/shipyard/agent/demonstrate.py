@@ -16,7 +16,7 @@ next step. The summary is written so that a 135M policy continues by copying: th
 code line go into ``solution.py`` as they are, and the count and next step say when to write it
 (an earlier format without them taught a policy to write after two of four modules and to guess
 imports from the order of the notes). So a demonstration is a real session: the same
-prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.session.run_session`,
+prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.play.play`,
 real sandboxes, graded by the hidden tests), only the sampled tokens are the expert's.
 :func:`demonstrations` plays a task list and keeps the sessions that passed.
 
@@ -34,7 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.play import play
+from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
 from shipyard.envs.long_tasks import ReadRule, read_rule, solution_from_rules
 from shipyard.envs.types import Task
@@ -101,7 +102,7 @@ def demonstrations(
 
     def one(task: Task) -> list[Trajectory]:
         expert = LongTaskExpert(task, spec.frame.tok, spec.agent.summary.instruction)
-        session = run_session(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
+        session = play(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
         if on_session is not None:
             on_session(next(done))
         return session

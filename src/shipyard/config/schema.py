@@ -531,7 +531,7 @@ class EvalConfig(_Section):
     suites: list[Literal["humaneval", "heldout", "db", "repo"]] = ["humaneval", "heldout"]
     """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), and held-out
     database (`db`, `db_n` tasks) and repository (`repo`, `repo_n` tasks) tasks that training never sees
-    (`shipyard.orchestrate.components.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
+    (`shipyard.envs.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
     db_n: int = Field(10, ge=1)
     """Held-out db tasks of the `db` suite: generator instances after the `tasks.num_db` trained ones."""
     repo_n: int = Field(10, ge=1)

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.services.base import ServicePool, lease_binds, lease_files
+from shipyard.envs.services.base import lease_binds, lease_files
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService
 from shipyard.envs.types import RewardResult, Task
 

@@ -21,24 +21,24 @@ gives one session its :class:`SessionHooks`, a context manager whose ``sandbox_f
 - :meth:`SessionHooks.annotate` writes ``reward_components``, ``flags`` and
   ``reward_info["source"]`` onto the session's trajectories.
 
-:meth:`Environment.play` does all of that for one session (what the rollout worker and the db
-and repo suites of ``shipyard eval`` run).
+:func:`shipyard.agent.play.play` does all of that for one session (the one path the rollout
+worker, ``shipyard eval`` and demonstrations take); this package never imports the agent.
 
 Example::
 
-    with Environment.from_config(cfg) as env, env.session(task, spec.sandbox_factory) as hooks:
-        trajs = run_session(replace(spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader), ...)
-    hooks.annotate(trajs)
+    with Environment.from_config(cfg) as env, env.session(task, factory, grader) as hooks:
+        sandbox = hooks.sandbox_factory(task.files)   # what a session's harness uses
+        result = hooks.grader(task, final_files)
+    hooks.annotate(trajectories)
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shipyard.config.schema import (
     AntiCheatConfig,
@@ -52,12 +52,9 @@ from shipyard.envs.repo_tasks import RepoCache, make_patch
 from shipyard.envs.rewards.base import composite, needed
 from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
 from shipyard.envs.rewards.judge import RubricJudge
-from shipyard.envs.services.base import ServiceLease, ServicePool, lease_binds, lease_files
+from shipyard.envs.services.base import ServiceLease, lease_binds, lease_files
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.types import ExecResult, RewardResult, Sandbox, Task
-
-if TYPE_CHECKING:
-    from shipyard.agent.session import SessionSpec
-    from shipyard.agent.types import Trajectory
 
 SandboxFactory = Callable[[dict[str, str]], Sandbox]
 Grader = Callable[[Task, dict[str, str]], RewardResult]
@@ -120,17 +117,6 @@ class Environment:
             yield hooks
         finally:
             hooks.close()
-
-    def play(self, spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
-        """One session of ``task`` through this environment's hooks (``spec``'s own sandbox factory and
-        grader serve function tasks); its trajectories carry ``reward_components`` and ``flags``."""
-        from shipyard.agent.session import run_session
-
-        with self.session(task, spec.sandbox_factory, spec.grader) as hooks:
-            hooked = dataclasses.replace(spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader)
-            trajs = run_session(hooked, task, group_id, sample_idx)
-        hooks.annotate(trajs)
-        return trajs
 
     def close(self) -> None:
         """Stop the services and remove the repositories (a later session starts them again)."""

@@ -228,7 +228,7 @@ def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dic
     """
     from shipyard.envs.repo_tasks import RepoCache, apply_patch_locally
     from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
-    from shipyard.envs.services.base import ServicePool
+    from shipyard.envs.services.pool import ServicePool
 
     cfg = cfg if cfg is not None else SandboxConfig()
     out: dict[str, float] = {}

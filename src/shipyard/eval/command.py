@@ -4,7 +4,7 @@ Contract: loads the configured base model, optionally swaps in ``eval.version`` 
 (verified), runs the policy in an in-process embedded engine, and evaluates the suites of
 ``eval.suites`` with the training harness: ``eval.humaneval_n`` HumanEval problems,
 ``eval.heldout_n`` held-out generated tasks, and ``eval.db_n`` / ``eval.repo_n`` held-out db and
-repo tasks (:func:`shipyard.orchestrate.components.heldout_tasks`: none trained on). db and repo
+repo tasks (:func:`shipyard.envs.splits.heldout_tasks`: none trained on). db and repo
 sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
 squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
 every hidden test or SQL check passed whatever ``rewards.weights`` says. Merges ``<label>_pass1``
@@ -19,10 +19,11 @@ from typing import Any
 
 from rich.console import Console
 
+from shipyard.agent.spec import session_spec
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
+from shipyard.envs.splits import heldout_tasks, task_splits
 from shipyard.eval.evaluate import evaluate
 from shipyard.metrics.progress import StepBar
-from shipyard.orchestrate.components import heldout_tasks, session_spec, task_splits
 
 ENV_SUITES = ("db", "repo")
 """Suites whose sessions run through the environment (services, repositories, their graders)."""
@@ -31,29 +32,11 @@ console = Console()
 
 
 def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
-    import torch
-
     from shipyard.envs.environment import Environment
     from shipyard.envs.humaneval import humaneval_tasks
     from shipyard.inference.client import LocalInferenceClient
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.models.loading import load_model
-    from shipyard.models.precision import engine_precision
-    from shipyard.store.run import open_run
-    from shipyard.weights.snapshot import load_version
 
-    torch.set_num_threads(cfg.inference.threads)
-    model, tok = load_model(cfg.model)
-    precision = engine_precision(model, cfg.inference)
-    engine = EmbeddedEngine(
-        model, tok, max_batch=cfg.inference.max_batch, prefix_cache_mb=cfg.inference.prefix_cache_mb
-    )
-    engine.precision = precision
-    if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only
-        engine.stage_weights(
-            cfg.eval.version, load_version(open_run(cfg.store, cfg.run.name), cfg.eval.version)
-        )
-        engine.apply_pending()
+    engine, tok = _engine(cfg)
     spec = session_spec(cfg, LocalInferenceClient(engine), tok)
     suites = {
         "humaneval": humaneval_tasks(cfg.eval.humaneval_n) if "humaneval" in cfg.eval.suites else [],
@@ -92,6 +75,30 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     if "humaneval" in out:
         _merge(Path(cfg.run.results_dir) / "humaneval.json", cfg.eval.label, out["humaneval"])
     return out
+
+
+def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
+    """An in-process engine holding ``eval.version`` of the run ``run.name`` (None: the base model)."""
+    import torch
+
+    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.models.loading import load_model
+    from shipyard.models.precision import engine_precision
+    from shipyard.store.run import open_run
+    from shipyard.weights.snapshot import load_version
+
+    torch.set_num_threads(cfg.inference.threads)
+    model, tok = load_model(cfg.model)
+    precision = engine_precision(model, cfg.inference)
+    engine = EmbeddedEngine(
+        model, tok, max_batch=cfg.inference.max_batch, prefix_cache_mb=cfg.inference.prefix_cache_mb
+    )
+    engine.precision = precision
+    if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only
+        store = open_run(cfg.store, cfg.run.name)
+        engine.stage_weights(cfg.eval.version, load_version(store, cfg.eval.version))
+        engine.apply_pending()
+    return engine, tok
 
 
 def _merge(path: Path, label: str, res: dict[str, Any]) -> None:

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.play import play
+from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
 from shipyard.envs.types import Task
 from shipyard.eval.stats import wilson_ci
@@ -65,7 +66,7 @@ def evaluate(
 
     def one(task: Task) -> Trajectory:
         gid = f"eval/{task.id}"
-        segments = env.play(spec, task, gid, 0) if env is not None else run_session(spec, task, gid, 0)
+        segments = play(spec, task, gid, 0, env)
         if on_done is not None:
             on_done()
         return dataclasses.replace(segments[-1], num_turns=sum(s.num_turns for s in segments))

@@ -18,7 +18,7 @@ from shipyard.config.schema import ShipyardConfig
 
 
 def serve(cfg: ShipyardConfig) -> None:
-    from shipyard.orchestrate.components import InferenceNode
+    from shipyard.inference.node import InferenceNode
     from shipyard.store.run import open_run
 
     store = open_run(cfg.store, cfg.run.name)  # follows the run named run.name, and only it

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, InvalidStateError
 from contextlib import asynccontextmanager
 from functools import partial
@@ -269,6 +269,29 @@ def _chat_requests(
     return reqs, stop
 
 
+def _submitter(
+    scheduler: BatchScheduler,
+) -> Callable[[list[GenerateRequest]], Awaitable[list[GenerateResult]]]:
+    """An async call that queues requests on ``scheduler`` and maps its failures to HTTP errors
+    (400 invalid, 503 closed, 500 engine failure)."""
+
+    async def run(requests: list[GenerateRequest]) -> list[GenerateResult]:
+        try:
+            fut = scheduler.submit(requests)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+        except SchedulerClosed as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        try:
+            return await asyncio.wrap_future(fut)
+        except SchedulerClosed as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        except Exception as e:  # report engine failures to the caller
+            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from e
+
+    return run
+
+
 def create_app(
     engine: EmbeddedEngine, gather_window_s: float = 0.005, model_name: str | None = None
 ) -> FastAPI:
@@ -286,19 +309,7 @@ def create_app(
     app.state.scheduler = scheduler
     app.state.engine = engine
 
-    async def run(requests: list[GenerateRequest]) -> list[GenerateResult]:
-        try:
-            fut = scheduler.submit(requests)
-        except ValueError as e:
-            raise HTTPException(status_code=400, detail=str(e)) from e
-        except SchedulerClosed as e:
-            raise HTTPException(status_code=503, detail=str(e)) from e
-        try:
-            return await asyncio.wrap_future(fut)
-        except SchedulerClosed as e:
-            raise HTTPException(status_code=503, detail=str(e)) from e
-        except Exception as e:  # report engine failures to the caller
-            raise HTTPException(status_code=500, detail=f"{type(e).__name__}: {e}") from e
+    run = _submitter(scheduler)
 
     @app.post("/generate")
     async def generate(body: GenerateBody) -> dict[str, Any]:
@@ -330,6 +341,13 @@ def create_app(
             },
         }
 
+    _add_info_routes(app, engine, name)
+    return app
+
+
+def _add_info_routes(app: FastAPI, engine: EmbeddedEngine, name: str) -> None:
+    """``GET /v1/models``, ``/health``, ``/version`` and ``/stats``: what a client or an operator reads."""
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "shipyard"}]}
@@ -352,8 +370,6 @@ def create_app(
             "prefix_cache_entries": 0 if cache is None else len(cache),
             "prefix_cache_bytes": 0 if cache is None else cache.nbytes,
         }
-
-    return app
 
 
 class InferenceServer:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
-from shipyard.orchestrate.components import InferenceNode, build_worker
+from shipyard.inference.node import InferenceNode
+from shipyard.orchestrate.components import build_worker
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.run import open_run
 from shipyard.trainer.loop import run_trainer

@@ -19,7 +19,7 @@ from shipyard.config.schema import ShipyardConfig
 
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig) -> None:
-        from shipyard.orchestrate.components import InferenceNode
+        from shipyard.inference.node import InferenceNode
         from shipyard.store.run import open_run
 
         self.node = InferenceNode(cfg, open_run(cfg.store, cfg.run.name))

@@ -26,14 +26,15 @@ from typing import Any
 
 from rich.console import Console
 
+from shipyard.agent.spec import session_spec
 from shipyard.config.schema import ShipyardConfig
+from shipyard.envs.splits import task_splits
 from shipyard.eval.evaluate import EvalResult, evaluate
 from shipyard.eval.stats import paired_diff_ci
 from shipyard.metrics.logger import read_metrics
 from shipyard.metrics.plot import plot_run
 from shipyard.metrics.progress import RunProgress, StepBar, summarize
 from shipyard.orchestrate.base import make_placement
-from shipyard.orchestrate.components import session_spec, task_splits
 from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import claim_run
 from shipyard.store.types import Store
@@ -48,7 +49,7 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
     t0 = time.time()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     store = claim_run(cfg.store, cfg.run.name, run_dir)  # refuses another run's store, before any work
-    console.print(f"run {cfg.run.name!r} (id {store.identity.run_id}): data in {store.where}")
+    console.print(f"run {cfg.run.name!r} (id {store.identity.run_id}): data in {store.where}", soft_wrap=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     _print_precision(cfg)
     tokenizer = load_tokenizer(cfg.model)  # converts the shipped model once, before actors load it

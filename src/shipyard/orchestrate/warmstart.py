@@ -30,9 +30,10 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     import torch
 
     from shipyard.agent.demonstrate import LongTaskExpert, demonstrations
+    from shipyard.agent.spec import session_spec
+    from shipyard.envs.splits import task_splits
     from shipyard.models.hardware import resolve_bf16
     from shipyard.models.loading import load_model
-    from shipyard.orchestrate.components import session_spec, task_splits
     from shipyard.trainer.sft import sft
 
     if cfg.tasks.set != "long":

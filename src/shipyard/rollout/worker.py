@@ -8,7 +8,7 @@ Before starting batch ``k`` the worker waits until its inference server serves a
 wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode (generation runs
 ahead of the trainer by at most that many versions and never waits otherwise). It always samples
 with the newest weights the server has; each token records its version. A session that crashes
-is recorded with its error (see :func:`run_session`). A session that summarized itself contributes
+is recorded with its error (see :func:`shipyard.agent.play.play`). A session that summarized itself contributes
 all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
 
@@ -25,13 +25,13 @@ cheating, :func:`shipyard.envs.anticheat.canary_tasks`) with that probability.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from shipyard.agent.session import SessionSpec, run_session
+from shipyard.agent.play import play
+from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.anticheat import canary_tasks
@@ -103,13 +103,9 @@ class RolloutWorker:
         return written
 
     def play_session(self, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
-        """One session through the environment's hooks; its trajectories carry components and flags."""
-        factory = self.sandboxes.acquire if self.sandboxes is not None else self.spec.sandbox_factory
-        with self.env.session(task, factory, self.spec.grader) as hooks:
-            spec = dataclasses.replace(self.spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader)
-            trajs = run_session(spec, task, group_id, sample_idx)
-        hooks.annotate(trajs)
-        return trajs
+        """One session through the environment (function tasks take the worker's pool sandboxes)."""
+        factory = self.sandboxes.acquire if self.sandboxes is not None else None
+        return play(self.spec, task, group_id, sample_idx, self.env, factory)
 
     def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
         rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")

@@ -35,21 +35,12 @@ from shipyard.weights.snapshot import WeightPublisher, named_params, read_manife
 
 
 def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, Any]:
-    import torch
-
-    from shipyard.models.loading import load_model
     from shipyard.trainer.advantages import batch_advantages
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
-    from shipyard.trainer.step import freeze_lower_layers, make_optimizer, train_step
+    from shipyard.trainer.step import train_step
 
-    torch.set_num_threads(cfg.trainer.threads)
-    torch.manual_seed(cfg.run.seed)
     identity = read_identity(store)  # the run this trainer trains: its rollouts only
-    model, tok = load_model(cfg.model)
-    tcfg, precision = trainer_precision(cfg, next(model.parameters()).device.type)
-    model.train()
-    freeze_lower_layers(model, tcfg.train_layers)
-    optimizer = make_optimizer(model, tcfg)
+    model, tok, optimizer, tcfg, precision = _policy(cfg)
     step_kw = {
         "temperature": cfg.sampling.temperature,
         "ref_model": _reference_model(cfg),
@@ -94,10 +85,7 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
         manifest = publisher.publish(step, named_params(model))
         logger.log(step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest})
-    store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
-    logger.close()
-    if publisher.feed is not None:
-        publisher.feed.close()
+    _finish(cfg, store, logger, publisher)
     return {
         "final_version": cfg.trainer.steps,
         "idle_s": state["idle_s"],
@@ -105,6 +93,30 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         "precision": precision,
         "foreign_rejected": feed.foreign_rejected,
     }
+
+
+def _finish(cfg: ShipyardConfig, store: Store, logger: MetricsLogger, publisher: WeightPublisher) -> None:
+    """Tell the workers the run is done (``control/finished``), close the log and the feed."""
+    store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
+    logger.close()
+    if publisher.feed is not None:
+        publisher.feed.close()
+
+
+def _policy(cfg: ShipyardConfig) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """(model, tokenizer, optimizer, trainer settings with precision resolved, precision record)."""
+    import torch
+
+    from shipyard.models.loading import load_model
+    from shipyard.trainer.step import freeze_lower_layers, make_optimizer
+
+    torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_model(cfg.model)
+    tcfg, precision = trainer_precision(cfg, next(model.parameters()).device.type)
+    model.train()
+    freeze_lower_layers(model, tcfg.train_layers)
+    return model, tok, make_optimizer(model, tcfg), tcfg, precision
 
 
 def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, Any]]:

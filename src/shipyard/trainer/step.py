@@ -155,6 +155,14 @@ def _micro_batch_loss(
     )
 
 
+def _resolve_precision(cfg: TrainerConfig, device: str) -> TrainerConfig:
+    """``cfg`` with ``bf16_decoder = "auto"`` resolved for ``device`` (the loop resolves and records it
+    once; this covers direct callers)."""
+    if cfg.bf16_decoder != "auto":
+        return cfg
+    return cfg.model_copy(update={"bf16_decoder": resolve_bf16("auto", device, "trainer.bf16_decoder")[0]})
+
+
 def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
@@ -174,9 +182,7 @@ def train_step(
             f"trainer.loss.kl_coef={cfg.loss.kl_coef} > 0 needs ref_model (a frozen copy of the base model)"
         )
     device = next(model.parameters()).device
-    if cfg.bf16_decoder == "auto":  # the loop resolves (and records) it once; direct callers here
-        bf16 = resolve_bf16("auto", device.type, "trainer.bf16_decoder")[0]
-        cfg = cfg.model_copy(update={"bf16_decoder": bf16})
+    cfg = _resolve_precision(cfg, device.type)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}

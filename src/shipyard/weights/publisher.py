@@ -210,6 +210,22 @@ class WeightPublisher:
             )
         )
 
+    def _writers(
+        self, version: int, delta: bool, snapshot: bool, up: ThreadPoolExecutor
+    ) -> dict[str, _ShardWriter]:
+        """One shard writer per encoding the version gets (``delta``, ``snapshot``)."""
+        # shards of a version this publisher has not written yet may exist only from an earlier
+        # process (killed mid-upload): only then is each looked up first, to skip re-sending it
+        resume = self._last_published is None or version <= self._last_published
+        keep = {"delta": self.feed.inline_max_bytes if self.feed is not None else 0, "snapshot": 0}
+        return {
+            kind: _ShardWriter(
+                self.store, version, kind, self.shard_bytes, up, self.connections, resume, keep[kind]
+            )
+            for kind, wanted in (("delta", delta), ("snapshot", snapshot))
+            if wanted
+        }
+
     def _write(
         self,
         version: int,
@@ -228,17 +244,7 @@ class WeightPublisher:
         parent_version = self._parent_version if parent is not None else None
         new_parent: dict[str, Any] = {} if parent is None else parent
         with ThreadPoolExecutor(self.connections, thread_name_prefix="weights-upload") as up:
-            # shards of a version this publisher has not written yet may exist only from an earlier
-            # process (killed mid-upload): only then is each looked up first, to skip re-sending it
-            resume = self._last_published is None or version <= self._last_published
-            keep = {"delta": self.feed.inline_max_bytes if self.feed is not None else 0, "snapshot": 0}
-            writers = {
-                kind: _ShardWriter(
-                    self.store, version, kind, self.shard_bytes, up, self.connections, resume, keep[kind]
-                )
-                for kind, wanted in (("delta", parent is not None), ("snapshot", with_snapshot))
-                if wanted
-            }
+            writers = self._writers(version, parent is not None, with_snapshot, up)
 
             def code(name: str) -> tuple[str, str, dict[str, bytes]]:
                 t = tensors[name].detach().to("cpu", self.dtype).contiguous()

@@ -383,9 +383,9 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
-def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
+def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None = None) -> WeightRelay:
     """``shipyard relay CONFIG``: mirror ``cfg.store`` (origin) into ``cfg.relay.mirror`` until
-    interrupted (or for ``max_s`` seconds), printing each version as it lands."""
+    interrupted (or for ``max_s`` seconds, or until ``stop`` is set), printing each version as it lands."""
     from rich.console import Console
 
     from shipyard.store.run import mirror_run, open_run
@@ -430,7 +430,7 @@ def run_relay(cfg: Any, max_s: float | None = None) -> WeightRelay:
             for err in relay.errors[errors:]:
                 console.print(f"[yellow]{err}")
             errors = len(relay.errors)
-            if t_end is not None and time.monotonic() >= t_end:
+            if (t_end is not None and time.monotonic() >= t_end) or (stop is not None and stop.is_set()):
                 break
             time.sleep(0.05)
     except KeyboardInterrupt:

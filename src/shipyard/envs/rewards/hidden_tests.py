@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.repo_tasks import RepoCache
-from shipyard.envs.services.base import ServicePool
+from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.types import RewardResult, Task
 
 TASK_KINDS = ("function", "repo", "db")

@@ -1,0 +1,45 @@
+"""The session spec a run plays with: its inference client, chat frame, limits, sandboxes and grader.
+
+Contract: :func:`session_spec` builds the :class:`~shipyard.agent.session.SessionSpec` every
+session of a run uses (training, evaluation, demonstrations) from the config: sandboxes of
+``sandbox.type`` (:func:`shipyard.envs.sandbox.make_sandbox`) and the hidden-test grader, both
+limited by ``sandbox``; an :class:`~shipyard.envs.environment.Environment` swaps in its own per
+task kind when a session is played through it (:func:`shipyard.agent.play.play`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from shipyard.agent.session import ChatFrame, SessionSpec
+from shipyard.config.schema import SandboxConfig, ShipyardConfig
+from shipyard.envs.types import RewardResult, Sandbox, Task
+from shipyard.inference.types import InferenceClient
+
+
+def run_sandbox(files: dict[str, str], cfg: SandboxConfig) -> Sandbox:
+    """A sandbox of the backend ``sandbox.type`` names, holding ``files``."""
+    from shipyard.envs.sandbox import make_sandbox
+
+    return make_sandbox(cfg, files)
+
+
+def run_grader(task: Task, files: dict[str, str], cfg: SandboxConfig) -> RewardResult:
+    """The hidden tests of ``task`` graded on ``files`` in a fresh sandbox."""
+    from shipyard.envs.grader import grade
+
+    return grade(task, files, cfg)
+
+
+def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -> SessionSpec:
+    """The spec of every session of the run ``cfg`` describes, sampling from ``client``."""
+    return SessionSpec(
+        client=client,
+        frame=ChatFrame(tokenizer),
+        agent=cfg.agent,
+        sampling=cfg.sampling,
+        sandbox_factory=functools.partial(run_sandbox, cfg=cfg.sandbox),
+        grader=functools.partial(run_grader, cfg=cfg.sandbox),
+        seed=cfg.run.seed,
+    )

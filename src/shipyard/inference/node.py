@@ -1,0 +1,61 @@
+"""One inference server of a run: the embedded engine, its HTTP server and its weight subscriber.
+
+Contract: loads the configured model as version 0 in ``inference.dtype`` (resolved for this
+process's device, :func:`shipyard.models.precision.engine_precision`), serves it on
+``inference.host`` (port given or free), and follows the run's store (a
+:class:`~shipyard.store.run.RunStore` view): each new version is fetched, verified and applied
+between decode steps; ``weights.follow_url`` adds the push feed. ``stop()`` ends the subscriber,
+then the server.
+"""
+
+from __future__ import annotations
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.store.types import Store
+
+
+class InferenceNode:
+    """One inference server: embedded engine + HTTP server + weight subscriber."""
+
+    def __init__(self, cfg: ShipyardConfig, store: Store, port: int = 0) -> None:
+        import torch
+
+        from shipyard.inference.engine import EmbeddedEngine
+        from shipyard.inference.server import InferenceServer
+        from shipyard.models.loading import load_model
+        from shipyard.models.precision import engine_precision
+        from shipyard.weights.subscriber import EngineSink, WeightSubscriber
+
+        torch.set_num_threads(cfg.inference.threads)
+        model, self.tokenizer = load_model(cfg.model)
+        precision = engine_precision(model, cfg.inference)
+        self.engine = EmbeddedEngine(
+            model,
+            self.tokenizer,
+            max_batch=cfg.inference.max_batch,
+            version=0,
+            deterministic=cfg.inference.deterministic,
+            prefix_cache_mb=cfg.inference.prefix_cache_mb,
+        )
+        self.engine.precision = precision
+        self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
+        self.server.start()
+        self.subscriber = WeightSubscriber(
+            store,
+            EngineSink(self.engine),
+            poll_s=cfg.inference.poll_s,
+            cache_dir=cfg.weights.cache_dir,
+            lease_ttl_s=cfg.weights.lease_ttl_s,
+            connections=cfg.store.connections,
+            chunk_bytes=int(cfg.store.part_mb * (1 << 20)),
+            workers=cfg.weights.workers,
+        )
+        self.subscriber.start(feed_url=cfg.weights.follow_url)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.subscriber.stop()
+        self.server.stop()
