@@ -1,6 +1,6 @@
 """Long horizons: summaries trained in the loop vs truncation vs an untrained summary prompt.
 
-The long task set (`shipyard.envs.long_tasks`, `tasks.set = "long"`) gives workspaces whose rules
+The long task set (`shipyard.envs.tasks.long`, `tasks.set = "long"`) gives workspaces whose rules
 are spread over modules that do not fit the policy's deliberately small context window
 (`agent.max_session_tokens`), so a session has to work across several contexts. Three policies
 play the same held-out long tasks with the same seeds and the same window:

@@ -3,7 +3,7 @@ forks, a burst with leak accounting, and the grader's resistance to the hack cor
 
 Contract: every figure comes from real bubblewrap sandboxes on this machine
 (:class:`shipyard.envs.sandbox.BwrapSandbox`) and the production grader
-(:func:`shipyard.envs.grader.grade`):
+(:func:`shipyard.envs.grading.grader.grade`):
 
 - ``create_p50_ms`` / ``create_p99_ms``: a COLD create, no pool: construction (workspace with
   one file, cgroups) to the first command's result (``exec("true")``, which starts bwrap and the
@@ -89,12 +89,12 @@ from rich.table import Table
 
 from shipyard.agent.session import RUN_VISIBLE, workspace_files
 from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
-from shipyard.envs.anticheat import detect
-from shipyard.envs.grader import grade
+from shipyard.envs.grading.anticheat import detect
+from shipyard.envs.grading.grader import grade
 from shipyard.envs.sandbox import BwrapSandbox, agent, sandbox_available
 from shipyard.envs.sandbox.bwrap import descendants, leftovers
 from shipyard.envs.sandbox.pool import SandboxPool
-from shipyard.envs.tasks import generated_tasks
+from shipyard.envs.tasks.functions import generated_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = SandboxConfig(timeout_s=20)

@@ -10,7 +10,7 @@ rollout a fresh database are timed side by side:
 - ``setup`` (baseline): ``CREATE DATABASE`` from the empty template, then run the setup SQL;
 - ``cluster`` (baseline): ``initdb`` + start + setup + stop, a whole server per rollout.
 
-It also times :func:`shipyard.envs.db_tasks.grade_db` (fresh clone, migration applied in a fresh
+It also times :func:`shipyard.envs.tasks.db.grade_db` (fresh clone, migration applied in a fresh
 sandbox, hidden checks) on the reference migrations, checks that the template's on-disk files
 are byte-identical after every rollout wrote to its clone, and that no rollout database is
 left. Prints a rich table and writes ``benchmarks/results/services.json`` (keys
@@ -43,9 +43,9 @@ from rich.console import Console
 from rich.table import Table
 
 from shipyard.config.schema import PostgresConfig, SandboxConfig
-from shipyard.envs.db_tasks import MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService, postgres_available
+from shipyard.envs.tasks.db import MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.types import Task
 
 

@@ -18,8 +18,8 @@ from shipyard.agent.types import Trajectory
 from shipyard.cli import main
 from shipyard.config import load_config
 from shipyard.config.schema import ModelConfig
-from shipyard.envs.long_tasks import RULES, long_tasks, read_rule, solution_from_rules
 from shipyard.envs.sandbox import sandbox_available
+from shipyard.envs.tasks.long import RULES, long_tasks, read_rule, solution_from_rules
 from shipyard.models.loading import load_model
 from shipyard.orchestrate.warmstart import _save
 from shipyard.trainer.sft import sft

@@ -7,8 +7,8 @@ import ast
 import pytest
 
 from shipyard.config.schema import ModelConfig, SandboxConfig
-from shipyard.envs.grader import grade
-from shipyard.envs.long_tasks import long_tasks
+from shipyard.envs.grading.grader import grade
+from shipyard.envs.tasks.long import long_tasks
 from shipyard.models.loading import load_tokenizer
 
 

@@ -265,7 +265,7 @@ def test_truncation_baseline_drops_the_context_without_a_summary(engine_tok) -> 
 
 
 def test_task_set_switch_trains_on_long_tasks() -> None:
-    from shipyard.envs.splits import task_splits
+    from shipyard.envs.tasks.splits import task_splits
 
     cfg = load_config(None, ["tasks.set=long", "tasks.num_generated=20", "tasks.long_modules=3"])
     train, heldout = task_splits(cfg)

@@ -20,12 +20,12 @@ from shipyard.agent.session import (
     workspace_files,
 )
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig
-from shipyard.envs.db_tasks import db_tasks
 from shipyard.envs.environment import Environment
-from shipyard.envs.long_tasks import long_tasks
-from shipyard.envs.repo_tasks import apply_patch_locally, repo_tasks
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.envs.tasks import generated_tasks
+from shipyard.envs.tasks.db import db_tasks
+from shipyard.envs.tasks.functions import generated_tasks
+from shipyard.envs.tasks.long import long_tasks
+from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
 from shipyard.envs.types import Task
 
 CFG = SandboxConfig(timeout_s=30)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shipyard.config import load_config
-from shipyard.envs.task_format import extra_training_tasks, load_task_file
+from shipyard.envs.tasks.files import extra_training_tasks, load_task_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "tasks.toml"

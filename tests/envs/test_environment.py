@@ -21,11 +21,11 @@ from shipyard.agent.spec import session_spec
 from shipyard.agent.types import Trajectory
 from shipyard.config import load_config
 from shipyard.config.schema import AntiCheatConfig, JudgeConfig, RewardsConfig, SandboxConfig
-from shipyard.envs.anticheat import FLAGS
-from shipyard.envs.db_tasks import APPLY, MIGRATION_FILE, db_tasks
 from shipyard.envs.environment import Environment
-from shipyard.envs.repo_tasks import apply_patch_locally, repo_tasks
+from shipyard.envs.grading.anticheat import FLAGS
 from shipyard.envs.services.postgres import postgres_available
+from shipyard.envs.tasks.db import APPLY, MIGRATION_FILE, db_tasks
+from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
 from shipyard.inference.node import InferenceNode
@@ -135,7 +135,7 @@ def test_unreachable_judge_costs_its_weight_only() -> None:
 
 
 def test_judge_self_is_the_workers_own_server(tmp_path: Path) -> None:
-    from shipyard.envs.rewards.judge import RubricJudge, resolve_self
+    from shipyard.envs.grading.judge import RubricJudge, resolve_self
     from shipyard.orchestrate.components import build_worker
 
     judge = JudgeConfig(base_url="self")

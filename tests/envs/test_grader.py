@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.grader import (
-    _decode,
-    _encode,
+from shipyard.envs.grading.grader import (
     agent_controlled,
     expected_tests,
     grade,
     workspace_modules,
 )
+from shipyard.envs.grading.programs.wire import _decode, _encode
 from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
 from shipyard.envs.types import Task
 
@@ -289,3 +288,13 @@ def test_protected_files_are_restored_before_grading() -> None:
         "from data.table import TABLE\n\n\ndef f(k):\n    return 'one' if 'uno' in TABLE.values() else 'x'\n"
     )
     assert grade(task, {**edited, "solution.py": cheat}, CFG).reward == 0.0
+
+
+@pytest.mark.parametrize("kind", ["oracle", "runner"])
+def test_in_sandbox_programs_are_shipped_as_standalone_source(kind: str) -> None:
+    from shipyard.envs.grading.grader import program_source
+
+    source = program_source(kind)
+    compile(source, f"<{kind}>", "exec")  # one program: wire.py, then the program file, then its entry
+    assert "import shipyard" not in source and "from shipyard" not in source
+    assert source.rstrip().endswith(f"_{kind}_main()") and source.count("def _encode(") == 1

@@ -9,7 +9,7 @@ file is part of the final workspace (``solution.py`` and, for some, ``conftest.p
   same sandbox, pass = exit status 0, as many RL harnesses do) is fooled: the positive control
   showing the hack really works;
 - the production grader gives it reward 0;
-- :func:`shipyard.envs.anticheat.detect` raises the flags listed in ``hack.json``.
+- :func:`shipyard.envs.grading.anticheat.detect` raises the flags listed in ``hack.json``.
 
 Honest reference solutions of the same tasks pass the production grader in full, and the
 canary tasks cannot be passed by their honest references. Gradings run on 4 threads.
@@ -26,10 +26,10 @@ import pytest
 
 from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.anticheat import canary_tasks, detect, hack_rate
-from shipyard.envs.grader import HIDDEN_FILE, grade
+from shipyard.envs.grading.anticheat import canary_tasks, detect, hack_rate
+from shipyard.envs.grading.grader import HIDDEN_FILE, grade
 from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
-from shipyard.envs.tasks import generated_tasks
+from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.types import RewardResult, Task
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))

@@ -24,10 +24,10 @@ import pytest
 
 from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.grader import grade
+from shipyard.envs.grading.grader import grade
 from shipyard.envs.sandbox import MAX_FILE_MB, TMPFS_MB, BwrapSandbox, sandbox_available, seccomp
 from shipyard.envs.sandbox.bwrap import descendants
-from shipyard.envs.tasks import generated_tasks
+from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.types import Task
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))

@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.envs.repo_tasks`: squashed repositories, issues, diff-based grading.
+"""Tests of :mod:`shipyard.envs.tasks.repo`: squashed repositories, issues, diff-based grading.
 
 Contract checked: squashing leaves one commit, one ref, no reflog, tag, pack or dangling object,
 and not the object of the fixed code that the history held; a task's repository is rebuilt
@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.repo_tasks import (
+from shipyard.envs.sandbox import BwrapSandbox
+from shipyard.envs.tasks.repo import (
     TEMPLATES,
     RepoCache,
     apply_patch_locally,
@@ -27,7 +28,6 @@ from shipyard.envs.repo_tasks import (
     repo_tasks,
     squash_repository,
 )
-from shipyard.envs.sandbox import BwrapSandbox
 from shipyard.envs.types import Task
 
 CFG = SandboxConfig(timeout_s=30)

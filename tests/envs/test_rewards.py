@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.envs.rewards`: components, composites and the LLM judge over real HTTP.
+"""Tests of :mod:`shipyard.envs.grading`: components, composites and the LLM judge over real HTTP.
 
 Contract checked: the composite is the weighted sum of the computed components and only
 weighted components are needed; the config rejects unknown components and a weighted judge
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from shipyard.config.schema import JudgeConfig, ModelConfig, RewardsConfig, SandboxConfig
-from shipyard.envs.repo_tasks import RepoCache
-from shipyard.envs.rewards.base import component_metrics, composite, needed
-from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
-from shipyard.envs.rewards.judge import RubricJudge, parse_scores
+from shipyard.envs.grading.judge import RubricJudge, parse_scores
+from shipyard.envs.grading.rewards import component_metrics, composite, needed
 from shipyard.envs.services.pool import ServicePool
+from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
+from shipyard.envs.tasks.repo import RepoCache
 from shipyard.envs.types import Task
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer
@@ -153,7 +153,7 @@ def test_hidden_tests_reward_dispatches_on_kind() -> None:
 
     def grader(task: Task, files: dict[str, str]) -> Any:
         calls.append(task.id)
-        from shipyard.envs.grader import grade
+        from shipyard.envs.grading.grader import grade
 
         return grade(task, files, SandboxConfig())
 

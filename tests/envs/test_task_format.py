@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.envs.task_format`: the documented task format and its loader.
+"""Tests of :mod:`shipyard.envs.tasks.files`: the documented task format and its loader.
 
 Contract checked: the example file of docs/tasks.md loads, and its references earn 1.0 from
 the production graders (function and db); a repo task made from a local git repository gets
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from shipyard.config.schema import SandboxConfig, TasksConfig
-from shipyard.envs.db_tasks import MIGRATION_FILE, grade_db
-from shipyard.envs.grader import grade
-from shipyard.envs.repo_tasks import PROTECTED, RepoCache, grade_repo, make_patch
+from shipyard.envs.grading.grader import grade
 from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.envs.task_format import check_references, extra_training_tasks, load_task_file, main
+from shipyard.envs.tasks.db import MIGRATION_FILE, grade_db
+from shipyard.envs.tasks.files import check_references, extra_training_tasks, load_task_file, main
+from shipyard.envs.tasks.repo import PROTECTED, RepoCache, grade_repo, make_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs/examples/tasks.toml"

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.grader import expected_tests, grade
-from shipyard.envs.humaneval import humaneval_tasks
+from shipyard.envs.grading.grader import expected_tests, grade
 from shipyard.envs.sandbox import sandbox_available
-from shipyard.envs.tasks import FAMILIES, generated_tasks, split_tasks
+from shipyard.envs.tasks.functions import FAMILIES, generated_tasks, split_tasks
+from shipyard.envs.tasks.humaneval import humaneval_tasks
 from shipyard.envs.types import Task
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))

@@ -15,8 +15,8 @@ import pytest
 
 from shipyard.config.load import load_config
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.envs.splits import heldout_tasks, task_splits
-from shipyard.envs.task_format import extra_training_tasks
+from shipyard.envs.tasks.files import extra_training_tasks
+from shipyard.envs.tasks.splits import heldout_tasks, task_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 

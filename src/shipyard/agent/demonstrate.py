@@ -6,12 +6,12 @@ reward is 0 and RL has no signal. A short supervised warm start on demonstration
 own protocol fixes that, as production pipelines do before RL.
 
 Contract: :class:`LongTaskExpert` is an :class:`~shipyard.inference.types.InferenceClient` for one
-long task (``shipyard.envs.long_tasks``). Each turn it reads the context it is given (the token
+long task (``shipyard.envs.tasks.long``). Each turn it reads the context it is given (the token
 ids the harness built, decoded) and answers as a careful agent would: a ``cat`` of the first module
 whose rule is not in its context yet; when every rule is, the complete ``solution.py``
-(:func:`~shipyard.envs.long_tasks.solution_from_rules`); when asked for a summary (the harness's
+(:func:`~shipyard.envs.tasks.long.solution_from_rules`); when asked for a summary (the harness's
 summary instruction is in the context), how many modules it has read, one line per rule known so
-far, as code with its constant's import (:meth:`~shipyard.envs.long_tasks.ReadRule.note`), and its
+far, as code with its constant's import (:meth:`~shipyard.envs.tasks.long.ReadRule.note`), and its
 next step. The summary is written so that a 135M policy continues by copying: the import and the
 code line go into ``solution.py`` as they are, and the count and next step say when to write it
 (an earlier format without them taught a policy to write after two of four modules and to guess
@@ -37,7 +37,7 @@ from typing import Any
 from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
-from shipyard.envs.long_tasks import ReadRule, read_rule, solution_from_rules
+from shipyard.envs.tasks.long import ReadRule, read_rule, solution_from_rules
 from shipyard.envs.types import Task
 from shipyard.inference.types import GenerateRequest, GenerateResult
 

@@ -27,7 +27,7 @@ def run_sandbox(files: dict[str, str], cfg: SandboxConfig) -> Sandbox:
 
 def run_grader(task: Task, files: dict[str, str], cfg: SandboxConfig) -> RewardResult:
     """The hidden tests of ``task`` graded on ``files`` in a fresh sandbox."""
-    from shipyard.envs.grader import grade
+    from shipyard.envs.grading.grader import grade
 
     return grade(task, files, cfg)
 

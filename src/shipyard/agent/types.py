@@ -59,9 +59,9 @@ class Trajectory:
     replay in the trainer; None for a dense policy or an engine that does not record routes."""
     reward_components: dict[str, float] = field(default_factory=dict)
     """Every reward component computed for the session (``tests``, ``judge``, ``judge/<aspect>``; see
-    :mod:`shipyard.envs.rewards.base`); ``reward`` is their weighted composite."""
+    :mod:`shipyard.envs.grading.rewards`); ``reward`` is their weighted composite."""
     flags: list[str] = field(default_factory=list)
-    """Anti-cheat flags that fired on the session (:data:`shipyard.envs.anticheat.FLAGS`)."""
+    """Anti-cheat flags that fired on the session (:data:`shipyard.envs.grading.anticheat.FLAGS`)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

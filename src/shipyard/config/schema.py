@@ -246,8 +246,8 @@ class TasksConfig(_Section):
     max_difficulty: int = Field(5, ge=1, le=5)
     """Highest difficulty level (1-5) of the run's tasks, training and held-out alike."""
     set: Literal["functions", "long"] = "functions"
-    """The generated task set the run trains and holds out on: `functions` (`shipyard.envs.tasks`, sized
-    by `num_generated`, filtered by `max_difficulty`) or `long` (`shipyard.envs.long_tasks`: workspaces
+    """The generated task set the run trains and holds out on: `functions` (`shipyard.envs.tasks.functions`, sized
+    by `num_generated`, filtered by `max_difficulty`) or `long` (`shipyard.envs.tasks.long`: workspaces
     that do not fit one small context; sized by `num_generated`, shaped by `long_modules`)."""
     long_modules: int = Field(12, ge=2)
     """Modules per long task (`set = "long"`); each states one rule whose constant lives in another."""
@@ -257,13 +257,13 @@ class TasksConfig(_Section):
     """Easier long tasks: each rule's constant is defined in the rule's own module instead of another
     (every module must still be read; nothing to cross-reference)."""
     long_rules: list[str] | None = None
-    """Easier long tasks: draw rules only from these keys of `shipyard.envs.long_tasks.RULES` (add, sub,
+    """Easier long tasks: draw rules only from these keys of `shipyard.envs.tasks.long.RULES` (add, sub,
     mul, mod, even_add, cap, neg, xor, div); None draws from all."""
     num_db: int = Field(0, ge=0)
-    """Generated database-migration tasks added to the training set (`shipyard.envs.db_tasks`; needs
+    """Generated database-migration tasks added to the training set (`shipyard.envs.tasks.db`; needs
     the PostgreSQL server binaries, see `services.postgres`)."""
     num_repo: int = Field(0, ge=0)
-    """Generated repository-level tasks added to the training set (`shipyard.envs.repo_tasks`)."""
+    """Generated repository-level tasks added to the training set (`shipyard.envs.tasks.repo`)."""
     files: list[str] = []
     """Task files in the documented format (docs/tasks.md) whose tasks are added to the training set.
     Made absolute once by `shipyard.config.load_config` (so every process, Ray actors included, reads
@@ -531,7 +531,7 @@ class EvalConfig(_Section):
     suites: list[Literal["humaneval", "heldout", "db", "repo"]] = ["humaneval", "heldout"]
     """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), and held-out
     database (`db`, `db_n` tasks) and repository (`repo`, `repo_n` tasks) tasks that training never sees
-    (`shipyard.envs.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
+    (`shipyard.envs.tasks.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
     db_n: int = Field(10, ge=1)
     """Held-out db tasks of the `db` suite: generator instances after the `tasks.num_db` trained ones."""
     repo_n: int = Field(10, ge=1)
@@ -568,7 +568,7 @@ class JudgeConfig(_Section):
     base_url: str = ""
     """OpenAI-compatible endpoint ending in /v1 (Shipyard's own `shipyard serve` included); needed when a
     `judge` component has weight. `"self"`: each rollout worker's own inference server (the policy being
-    trained judges; its verdicts move with the weights; see `shipyard.envs.rewards.judge`)."""
+    trained judges; its verdicts move with the weights; see `shipyard.envs.grading.judge`)."""
     model: str = ""
     """Model name sent to the endpoint (Shipyard's server ignores it)."""
     api_key_env: str = ""

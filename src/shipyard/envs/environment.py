@@ -2,7 +2,7 @@
 
 Contract: an :class:`Environment` belongs to one pool (a rollout worker) and owns what tasks
 share there: the :class:`~shipyard.envs.services.base.ServicePool` (PostgreSQL starts on the
-first db task), the :class:`~shipyard.envs.repo_tasks.RepoCache` (one squashed repository per
+first db task), the :class:`~shipyard.envs.tasks.repo.RepoCache` (one squashed repository per
 repo task) and the LLM judge when a judge component has weight. :meth:`Environment.session`
 gives one session its :class:`SessionHooks`, a context manager whose ``sandbox_factory`` and
 ``grader`` plug into :class:`shipyard.agent.session.SessionSpec`:
@@ -13,9 +13,9 @@ gives one session its :class:`SessionHooks`, a context manager whose ``sandbox_f
   own clone of the task's template, released when the hooks close). Every sandbox is wrapped in
   a :class:`RecordingSandbox`, which keeps the commands the session ran.
 - ``grader(task, files)`` computes the reward components (``tests`` by task kind, see
-  :mod:`shipyard.envs.rewards.hidden_tests`; ``judge/<aspect>`` and ``judge`` when weighted), their
-  weighted composite (:func:`shipyard.envs.rewards.base.composite`, the session's reward) and
-  the anti-cheat flags (:func:`shipyard.envs.anticheat.detect` over the final files, the
+  :mod:`shipyard.envs.tasks.grade`; ``judge/<aspect>`` and ``judge`` when weighted), their
+  weighted composite (:func:`shipyard.envs.grading.rewards.composite`, the session's reward) and
+  the anti-cheat flags (:func:`shipyard.envs.grading.anticheat.detect` over the final files, the
   recorded commands and the starting files; on repo tasks ``git_history`` is not flagged: the
   history is squashed, so ``git diff``/``git log`` are ordinary tools there).
 - :meth:`SessionHooks.annotate` writes ``reward_components``, ``flags`` and
@@ -47,13 +47,13 @@ from shipyard.config.schema import (
     ServicesConfig,
     ShipyardConfig,
 )
-from shipyard.envs.anticheat import detect
-from shipyard.envs.repo_tasks import RepoCache, make_patch
-from shipyard.envs.rewards.base import composite, needed
-from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
-from shipyard.envs.rewards.judge import RubricJudge
+from shipyard.envs.grading.anticheat import detect
+from shipyard.envs.grading.judge import RubricJudge
+from shipyard.envs.grading.rewards import composite, needed
 from shipyard.envs.services.base import ServiceLease, lease_binds, lease_files
 from shipyard.envs.services.pool import ServicePool
+from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
+from shipyard.envs.tasks.repo import RepoCache, make_patch
 from shipyard.envs.types import ExecResult, RewardResult, Sandbox, Task
 
 SandboxFactory = Callable[[dict[str, str]], Sandbox]

@@ -39,8 +39,8 @@ class Task:
     reference: str = ""
     kind: str = "function"
     """``function``: ``solution.py`` against ``hidden_tests``; ``repo``: a repository squashed to one
-    commit, graded from the session's diff (:mod:`shipyard.envs.repo_tasks`); ``db``: a migration
-    graded by ``hidden_checks`` against a real database (:mod:`shipyard.envs.db_tasks`)."""
+    commit, graded from the session's diff (:mod:`shipyard.envs.tasks.repo`); ``db``: a migration
+    graded by ``hidden_checks`` against a real database (:mod:`shipyard.envs.tasks.db`)."""
     services: list[str] = field(default_factory=list)
     """Services the task needs (e.g. ``["postgres"]``), one lease per rollout (:mod:`shipyard.envs.services`)."""
     setup: dict[str, str] = field(default_factory=dict)

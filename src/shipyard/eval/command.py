@@ -4,7 +4,7 @@ Contract: loads the configured base model, optionally swaps in ``eval.version`` 
 (verified), runs the policy in an in-process embedded engine, and evaluates the suites of
 ``eval.suites`` with the training harness: ``eval.humaneval_n`` HumanEval problems,
 ``eval.heldout_n`` held-out generated tasks, and ``eval.db_n`` / ``eval.repo_n`` held-out db and
-repo tasks (:func:`shipyard.envs.splits.heldout_tasks`: none trained on). db and repo
+repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on). db and repo
 sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
 squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
 every hidden test or SQL check passed whatever ``rewards.weights`` says. Merges ``<label>_pass1``
@@ -21,7 +21,7 @@ from rich.console import Console
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
-from shipyard.envs.splits import heldout_tasks, task_splits
+from shipyard.envs.tasks.splits import heldout_tasks, task_splits
 from shipyard.eval.evaluate import evaluate
 from shipyard.metrics.progress import StepBar
 
@@ -33,7 +33,7 @@ console = Console()
 
 def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     from shipyard.envs.environment import Environment
-    from shipyard.envs.humaneval import humaneval_tasks
+    from shipyard.envs.tasks.humaneval import humaneval_tasks
     from shipyard.inference.client import LocalInferenceClient
 
     engine, tok = _engine(cfg)

@@ -4,21 +4,21 @@ Contract: :func:`build_worker` builds a :class:`~shipyard.rollout.worker.Rollout
 runs as a thread of one process (``run.placement = "local"``) or inside a Ray actor (``"ray"``), so
 placement changes where things run, never what runs. The other components are built by their own
 packages: :class:`shipyard.inference.node.InferenceNode`, :func:`shipyard.agent.spec.session_spec`,
-:func:`shipyard.envs.splits.task_splits`.
+:func:`shipyard.envs.tasks.splits.task_splits`.
 """
 
 from __future__ import annotations
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import ShipyardConfig
-from shipyard.envs.splits import task_splits
+from shipyard.envs.tasks.splits import task_splits
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.types import Store
 
 
 def with_judge_server(cfg: ShipyardConfig, url: str) -> ShipyardConfig:
     """``cfg`` with ``rewards.judge.base_url = "self"`` resolved to the inference server at ``url``."""
-    from shipyard.envs.rewards.judge import resolve_self
+    from shipyard.envs.grading.judge import resolve_self
 
     judge = resolve_self(cfg.rewards.judge, url)
     if judge is cfg.rewards.judge:

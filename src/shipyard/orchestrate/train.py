@@ -28,7 +28,7 @@ from rich.console import Console
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import ShipyardConfig
-from shipyard.envs.splits import task_splits
+from shipyard.envs.tasks.splits import task_splits
 from shipyard.eval.evaluate import EvalResult, evaluate
 from shipyard.eval.stats import paired_diff_ci
 from shipyard.metrics.logger import read_metrics

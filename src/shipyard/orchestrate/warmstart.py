@@ -31,7 +31,7 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
 
     from shipyard.agent.demonstrate import LongTaskExpert, demonstrations
     from shipyard.agent.spec import session_spec
-    from shipyard.envs.splits import task_splits
+    from shipyard.envs.tasks.splits import task_splits
     from shipyard.models.hardware import resolve_bf16
     from shipyard.models.loading import load_model
     from shipyard.trainer.sft import sft

@@ -20,7 +20,7 @@ commands capped at the core count; ``sandbox.pool.rollouts``, closed when :meth:
 db and repo tasks get theirs from the environment. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
 files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``). With
 ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
-cheating, :func:`shipyard.envs.anticheat.canary_tasks`) with that probability.
+cheating, :func:`shipyard.envs.grading.anticheat.canary_tasks`) with that probability.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import ShipyardConfig
-from shipyard.envs.anticheat import canary_tasks
 from shipyard.envs.environment import Environment
+from shipyard.envs.grading.anticheat import canary_tasks
 from shipyard.envs.sandbox.pool import SandboxPool
-from shipyard.envs.task_format import extra_training_tasks
+from shipyard.envs.tasks.files import extra_training_tasks
 from shipyard.envs.types import Task
 from shipyard.rollout.types import FINISHED_KEY, ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.run import read_identity

@@ -24,8 +24,8 @@ from typing import Any
 
 from shipyard.agent.summarize import rollout_summary_metrics
 from shipyard.config.schema import ShipyardConfig
-from shipyard.envs.anticheat import hack_metrics
-from shipyard.envs.rewards.base import component_metrics
+from shipyard.envs.grading.anticheat import hack_metrics
+from shipyard.envs.grading.rewards import component_metrics
 from shipyard.metrics.logger import MetricsLogger, read_metrics
 from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import read_identity

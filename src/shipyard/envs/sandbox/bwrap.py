@@ -36,7 +36,7 @@ trip costs about a millisecond instead of a bwrap start. On a wall timeout, or i
 ``persistent=False`` sandbox, runs in a one-shot bwrap of its own sharing the workspace.
 In-sandbox code can reach the server's pipes through ``/proc`` and garble or forge its own
 session's results: harmless, since rewards never come from session commands (the grader runs in
-fresh sandboxes of its own, see :mod:`shipyard.envs.grader`).
+fresh sandboxes of its own, see :mod:`shipyard.envs.grading.grader`).
 
 Copy-on-write fork (``base=DIR``): the workspace is an overlayfs whose read-only lower layer is
 the host directory ``DIR`` and whose upper layer is this sandbox's own directory, so creating a

@@ -28,7 +28,7 @@ the link only cuts that lease off; no network is involved.
 Hidden checks (:meth:`PostgresService.run_checks`) run from the host through ``psql`` as
 ``shipyard_grader`` in read-only transactions with ``search_path = pg_catalog, public`` and a
 statement timeout, one result line per check; untrusted SQL (a migration) is never run from the
-host: the grader applies it inside a sandbox (:mod:`shipyard.envs.db_tasks`).
+host: the grader applies it inside a sandbox (:mod:`shipyard.envs.tasks.db`).
 
 Limits: a process killed hard leaves its server running; the next pool of any process stops and
 removes clusters whose owning process is gone (:func:`reap_stale`). Needs the server binaries

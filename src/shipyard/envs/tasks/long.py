@@ -23,7 +23,7 @@ At the default size (12 modules) the workspace is about 2,500 tokens of the Smol
 with a context window of ~1,000 tokens a session cannot hold every file it needs at once: it has
 to read, keep what matters (self-summarization, see :mod:`shipyard.agent.summarize`) and write.
 The modules stay in the workspace, so they are present (and importable) when
-:func:`shipyard.envs.grader.grade` runs the hidden tests; a solution may import the constants.
+:func:`shipyard.envs.grading.grader.grade` runs the hidden tests; a solution may import the constants.
 
 Expected outputs are computed by interpreting the rule list directly and checked against the
 rendered reference run in-process (two implementations must agree, else generation fails); a

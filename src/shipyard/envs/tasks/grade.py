@@ -2,12 +2,12 @@
 
 Contract: :func:`hidden_tests_reward` switches on ``Task.kind``:
 
-- ``function``: the two-sandbox hidden-test grader (:func:`shipyard.envs.grader.grade`, or the
+- ``function``: the two-sandbox hidden-test grader (:func:`shipyard.envs.grading.grader.grade`, or the
   grader a caller passes in): passed / expected tests;
 - ``repo``: the session's diff applied to a fresh copy of the squashed repository, then the
-  same grader, gated on the ``test_keep_*`` tests (:func:`shipyard.envs.repo_tasks.grade_repo`);
+  same grader, gated on the ``test_keep_*`` tests (:func:`shipyard.envs.tasks.repo.grade_repo`);
 - ``db``: ``migration.sql`` applied to a fresh database clone, then the hidden SQL checks
-  (:func:`shipyard.envs.db_tasks.grade_db`).
+  (:func:`shipyard.envs.tasks.db.grade_db`).
 
 Example::
 
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.repo_tasks import RepoCache
 from shipyard.envs.services.pool import ServicePool
+from shipyard.envs.tasks.repo import RepoCache
 from shipyard.envs.types import RewardResult, Task
 
 TASK_KINDS = ("function", "repo", "db")
@@ -36,7 +36,7 @@ class GradingContext:
     services: ServicePool
     repos: RepoCache
     function_grader: Callable[[Task, dict[str, str]], RewardResult] | None = None
-    """Grader of ``function`` tasks (None: :func:`shipyard.envs.grader.grade` with ``sandbox``)."""
+    """Grader of ``function`` tasks (None: :func:`shipyard.envs.grading.grader.grade` with ``sandbox``)."""
 
 
 def hidden_tests_reward(task: Task, files: dict[str, str], ctx: GradingContext) -> RewardResult:
@@ -44,15 +44,15 @@ def hidden_tests_reward(task: Task, files: dict[str, str], ctx: GradingContext) 
     if task.kind == "function":
         if ctx.function_grader is not None:
             return ctx.function_grader(task, files)
-        from shipyard.envs.grader import grade
+        from shipyard.envs.grading.grader import grade
 
         return grade(task, files, ctx.sandbox)
     if task.kind == "repo":
-        from shipyard.envs.repo_tasks import grade_repo
+        from shipyard.envs.tasks.repo import grade_repo
 
         return grade_repo(task, files, ctx.sandbox, ctx.repos)
     if task.kind == "db":
-        from shipyard.envs.db_tasks import grade_db
+        from shipyard.envs.tasks.db import grade_db
 
         return grade_db(task, files, ctx.services, ctx.sandbox)
     raise ValueError(f"task {task.id!r} has kind {task.kind!r}; known kinds are {list(TASK_KINDS)}")

@@ -11,12 +11,12 @@ db tasks without ``setup.postgres`` or ``hidden_checks``, check names that are n
 Fields are those of :class:`~shipyard.envs.types.Task` plus ``repo`` (repo tasks): a path,
 relative to the task file, of a local git repository whose HEAD snapshot becomes the task's
 files (history, other refs and untracked files are not carried: see
-:func:`shipyard.envs.repo_tasks.squash_repository`). Repo tasks get
-:data:`shipyard.envs.repo_tasks.PROTECTED` when they list no ``protected`` patterns; db tasks get
+:func:`shipyard.envs.tasks.repo.squash_repository`). Repo tasks get
+:data:`shipyard.envs.tasks.repo.PROTECTED` when they list no ``protected`` patterns; db tasks get
 ``services = ["postgres"]`` when they list none. :func:`extra_training_tasks` builds the tasks a
 run adds to its training set from ``tasks.num_db``, ``tasks.num_repo`` and ``tasks.files``;
 :func:`check_references` grades every task's ``reference`` with the production graders
-(``python -m shipyard.envs.task_format FILE...`` prints them and exits 1 if one earns less than 1).
+(``python -m shipyard.envs.tasks.files FILE...`` prints them and exits 1 if one earns less than 1).
 
 Example::
 
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import SandboxConfig, TasksConfig
-from shipyard.envs.rewards.hidden_tests import TASK_KINDS
 from shipyard.envs.services.base import SERVICE_NAMES
+from shipyard.envs.tasks.grade import TASK_KINDS
 from shipyard.envs.types import Task
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -102,7 +102,7 @@ def _check_type(where: str, name: str, value: Any) -> None:
 
 
 def _repo_files(where: str, base: Path, repo: str) -> dict[str, str]:
-    from shipyard.envs.repo_tasks import repo_text_files, squash_repository
+    from shipyard.envs.tasks.repo import repo_text_files, squash_repository
 
     src = (base / repo).resolve()
     if not (src / ".git").exists():
@@ -118,7 +118,7 @@ def _repo_files(where: str, base: Path, repo: str) -> dict[str, str]:
 
 
 def _check_kind(where: str, task: Task) -> None:
-    from shipyard.envs.grader import expected_tests
+    from shipyard.envs.grading.grader import expected_tests
 
     if task.kind not in TASK_KINDS:
         raise ValueError(f"{where}: field `kind` = {task.kind!r} must be one of {list(TASK_KINDS)}")
@@ -179,7 +179,7 @@ def _task(path: Path, index: int, raw: Any) -> Task:
             raise ValueError(f'{where}: field `repo` is only for kind = "repo" tasks')
         fields_["files"] = {**_repo_files(where, path.parent, raw["repo"]), **fields_.get("files", {})}
     if fields_["kind"] == "repo" and "protected" not in raw:
-        from shipyard.envs.repo_tasks import PROTECTED
+        from shipyard.envs.tasks.repo import PROTECTED
 
         fields_["protected"] = list(PROTECTED)
     if fields_["kind"] == "db" and "services" not in raw:
@@ -207,8 +207,8 @@ def load_task_file(path: str | os.PathLike[str]) -> list[Task]:
 
 def extra_training_tasks(cfg: TasksConfig) -> list[Task]:
     """Generated db and repo tasks (``tasks.num_db``, ``tasks.num_repo``) and the tasks of ``tasks.files``."""
-    from shipyard.envs.db_tasks import db_tasks
-    from shipyard.envs.repo_tasks import repo_tasks
+    from shipyard.envs.tasks.db import db_tasks
+    from shipyard.envs.tasks.repo import repo_tasks
 
     out = db_tasks(cfg.num_db, cfg.seed) + repo_tasks(cfg.num_repo, cfg.seed)
     for path in cfg.files:
@@ -226,9 +226,9 @@ def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dic
     A reference is ``solution.py`` for function tasks, the fixing diff for repo tasks and
     ``migration.sql`` for db tasks; every one should earn 1.0.
     """
-    from shipyard.envs.repo_tasks import RepoCache, apply_patch_locally
-    from shipyard.envs.rewards.hidden_tests import GradingContext, hidden_tests_reward
     from shipyard.envs.services.pool import ServicePool
+    from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
+    from shipyard.envs.tasks.repo import RepoCache, apply_patch_locally
 
     cfg = cfg if cfg is not None else SandboxConfig()
     out: dict[str, float] = {}
@@ -247,7 +247,7 @@ def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m shipyard.envs.task_format FILE...``: validate task files and grade their references."""
+    """``python -m shipyard.envs.tasks.files FILE...``: validate task files and grade their references."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Validate task files and grade their reference solutions.")

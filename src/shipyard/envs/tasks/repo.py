@@ -16,7 +16,7 @@ fix) and ``test_keep_*`` tests (behaviour that must not break); ``reference`` is
 Grading (:func:`grade_repo`): the session's changes are turned into a unified diff
 (:func:`make_patch`, protected paths left out), applied with ``git apply`` in a fresh sandbox
 over a fresh copy of the squashed repository, and the resulting files go to the two-sandbox
-hidden-test grader (:func:`shipyard.envs.grader.grade`). Reward = passed ``test_issue_*`` /
+hidden-test grader (:func:`shipyard.envs.grading.grader.grade`). Reward = passed ``test_issue_*`` /
 their number when every ``test_keep_*`` passes, else 0 (a fix that breaks something else is no
 fix); a patch that does not apply earns 0 with the reason.
 
@@ -205,7 +205,7 @@ def make_patch(before: Mapping[str, str], after: Mapping[str, str], protected: S
 
 def grade_repo(task: Task, files: dict[str, str], cfg: SandboxConfig, repos: RepoCache) -> RewardResult:
     """Apply the session's diff to a fresh copy of the repository; run the hidden tests; see the module."""
-    from shipyard.envs.grader import grade
+    from shipyard.envs.grading.grader import grade
     from shipyard.envs.sandbox import BwrapSandbox
 
     patch = make_patch(task.files, files, task.protected)
@@ -223,7 +223,7 @@ def grade_repo(task: Task, files: dict[str, str], cfg: SandboxConfig, repos: Rep
 
 
 def _issue_tests(task: Task) -> list[str]:
-    from shipyard.envs.grader import expected_tests
+    from shipyard.envs.grading.grader import expected_tests
 
     return [t for t in expected_tests(task.hidden_tests) if not t.startswith("test_keep")]
 

@@ -9,7 +9,7 @@ too (``"path:line: what"`` or ``"$ command"``). Python files are analysed with :
 that does not parse is scanned with regular expressions instead. Detection is pure and cheap
 (no execution; about a millisecond for a small workspace), so it can run on every trajectory.
 
-The grader (:mod:`shipyard.envs.grader`) already makes these hacks earn nothing; the detectors
+The grader (:mod:`shipyard.envs.grading.grader`) already makes these hacks earn nothing; the detectors
 are for measurement and shaping: how often the policy tries them, which kind, on which tasks.
 :func:`canary_tasks` returns tasks that no honest solution can pass in full (their hidden tests
 contradict their prompt, or need a secret only the hidden tests hold): a canary whose reward

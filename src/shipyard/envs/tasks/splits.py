@@ -17,11 +17,11 @@ from shipyard.envs.types import Task
 
 def task_splits(cfg: ShipyardConfig) -> tuple[list[Task], list[Task]]:
     """(training, held-out) tasks of the set ``tasks.set`` (functions: up to ``tasks.max_difficulty``)."""
-    from shipyard.envs.tasks import generated_tasks, split_tasks
+    from shipyard.envs.tasks.functions import generated_tasks, split_tasks
 
     t = cfg.tasks
     if t.set == "long":
-        from shipyard.envs.long_tasks import long_tasks
+        from shipyard.envs.tasks.long import long_tasks
 
         tasks = long_tasks(
             t.num_generated,
@@ -58,7 +58,7 @@ def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
     if kind == "function":
         return task_splits(cfg)[1][:n]
     if kind == "db":
-        from shipyard.envs.db_tasks import db_tasks
+        from shipyard.envs.tasks.db import db_tasks
 
         return db_tasks(t.num_db + n, t.seed)[t.num_db :]
     if kind == "repo":
@@ -80,7 +80,7 @@ def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
 def _every_repo_task(seed: int) -> tuple[Task, ...]:
     """Every task the repo generator makes for ``seed``, in its order (built once per seed: each
     task builds and squashes a git history; callers get copies)."""
-    from shipyard.envs.repo_tasks import TEMPLATES, repo_tasks
+    from shipyard.envs.tasks.repo import TEMPLATES, repo_tasks
 
     return tuple(repo_tasks(sum(len(t.defects) * len(t.names) for t in TEMPLATES.values()), seed))
 
