@@ -22,8 +22,9 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -96,18 +97,35 @@ class RewardResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+@runtime_checkable
 class Sandbox(Protocol):
-    def exec(self, cmd: str, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+    def exec(
+        self,
+        cmd: str,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         """Run a shell command in the workspace; the whole process tree is killed on timeout."""
 
     def write(self, path: str, content: str) -> None:
-        """Write a file (relative to the workspace)."""
+        """Write a UTF-8 file (relative to the workspace), creating parent directories."""
 
     def read(self, path: str) -> str:
-        """Read a file (relative to the workspace)."""
+        """Read a UTF-8 file (relative to the workspace)."""
 
     def files(self) -> dict[str, str]:
-        """All text files of the workspace (relative path -> content)."""
+        """The workspace's text files (relative path -> content)."""
+
+    def seed(self, files: Mapping[str, str]) -> None:
+        """Write starting files that count as part of the base (``diff`` does not report them)."""
+
+    def diff(self) -> WorkspaceDiff:
+        """Text files added, modified and deleted since the sandbox's base."""
+
+    def fork(self) -> Sandbox:
+        """A new independent sandbox whose workspace starts as a copy of this one's."""
 
     def close(self) -> None:
-        """Kill everything still running and remove the workspace."""
+        """Kill everything still running and release the workspace (idempotent)."""

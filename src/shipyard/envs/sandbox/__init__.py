@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox.base import Sandbox, SandboxUnavailable
+from shipyard.envs.sandbox.base import SandboxUnavailable
 from shipyard.envs.sandbox.bwrap import (
     MAX_FILE_MB,
     MAX_LISTED_FILES,
@@ -37,6 +37,7 @@ from shipyard.envs.sandbox.bwrap import (
     reap_stale,
     sandbox_available,
 )
+from shipyard.envs.types import Sandbox
 
 __all__ = [
     "MAX_FILE_MB",

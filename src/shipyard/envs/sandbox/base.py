@@ -2,7 +2,8 @@
 
 Contract: a sandbox is one isolated workspace with a persistent session, created by its
 backend's constructor (or :func:`shipyard.envs.sandbox.make_sandbox` from a config) with the
-workspace's starting files. :class:`Sandbox` is what the rest of Shipyard may call:
+workspace's starting files. :class:`shipyard.envs.types.Sandbox` (the one sandbox interface) is
+what the rest of Shipyard may call:
 
 - ``exec(cmd, timeout_s=None, stdin=None, *, env=None)``: run ``/bin/sh -c cmd`` in the
   workspace (also the working directory) with extra environment variables ``env``; after
@@ -15,9 +16,6 @@ workspace's starting files. :class:`Sandbox` is what the rest of Shipyard may ca
 - ``fork()``: a new, independent sandbox whose workspace starts as a copy of this one's.
 - ``close()``: kill everything, release every resource (idempotent); also ``with`` blocks.
 
-:class:`shipyard.envs.types.Sandbox` is the narrower part of this interface that an agent
-session needs (exec, read, write, files, close); every backend satisfies both.
-
 Backends: :mod:`.bwrap` (embedded default), :mod:`.microvm` (Firecracker, needs hardware KVM)
 and :mod:`.remote_morph` (Morph Cloud). A backend that cannot run on this host raises
 :class:`SandboxUnavailable` from its constructor with what is missing and how to get it.
@@ -28,49 +26,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
 
-from shipyard.envs.types import ExecResult, WorkspaceDiff
+from shipyard.envs.types import WorkspaceDiff
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class SandboxUnavailable(RuntimeError):
     """This backend cannot run here; the message says what is missing and how to get it."""
-
-
-@runtime_checkable
-class Sandbox(Protocol):
-    def exec(
-        self,
-        cmd: str,
-        timeout_s: float | None = None,
-        stdin: str | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
-        """Run a shell command in the workspace; the whole process tree is killed on timeout."""
-
-    def write(self, path: str, content: str) -> None:
-        """Write a UTF-8 file (relative to the workspace), creating parent directories."""
-
-    def read(self, path: str) -> str:
-        """Read a UTF-8 file (relative to the workspace)."""
-
-    def files(self) -> dict[str, str]:
-        """The workspace's text files (relative path -> content)."""
-
-    def seed(self, files: Mapping[str, str]) -> None:
-        """Write starting files that count as part of the base (``diff`` does not report them)."""
-
-    def diff(self) -> WorkspaceDiff:
-        """Text files added, modified and deleted since the sandbox's base."""
-
-    def fork(self) -> Sandbox:
-        """A new independent sandbox whose workspace starts as a copy of this one's."""
-
-    def close(self) -> None:
-        """Kill everything still running and release the workspace (idempotent)."""
 
 
 def env_prefix(env: Mapping[str, str] | None) -> str:

@@ -39,8 +39,7 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from shipyard.config.schema import SandboxConfig
-from shipyard.envs.sandbox.base import Sandbox
-from shipyard.envs.types import ExecResult, WorkspaceDiff
+from shipyard.envs.types import ExecResult, Sandbox, WorkspaceDiff
 
 WARM_COMMAND = "true"
 """Run once on every new sandbox so its session is up before it is handed out."""
