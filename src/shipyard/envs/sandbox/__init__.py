@@ -1,6 +1,6 @@
 """Sandboxes: isolated, persistent workspaces for untrusted code, behind one interface.
 
-Contract: :class:`~shipyard.envs.sandbox.base.Sandbox` is the interface (create, exec with
+Contract: :class:`~shipyard.envs.types.Sandbox` is the interface (create, exec with
 stdin/env/timeout, read, write, files, diff against the base, fork, close). Backends, one file
 each: :mod:`.bwrap` (bubblewrap, hardened; the embedded default, with its helpers :mod:`.agent`,
 the compiled session server, :mod:`.sysroot`, the read-only system view, :mod:`.seccomp` and

@@ -1,6 +1,6 @@
 """A persistent, isolated workspace for untrusted code, built on bubblewrap (``bwrap``).
 
-Contract: :class:`BwrapSandbox` implements :class:`shipyard.envs.sandbox.base.Sandbox`. It owns a fresh
+Contract: :class:`BwrapSandbox` implements :class:`shipyard.envs.types.Sandbox`. It owns a fresh
 host temp directory (the workspace) that every command sees read-write at ``/workspace`` (the
 working directory), so files persist across :meth:`~BwrapSandbox.exec` calls. Commands run as
 ``/bin/sh -c CMD`` in new namespaces (user, pid, ipc, uts, cgroup and network unless
