@@ -92,8 +92,8 @@ from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.grading.anticheat import detect
 from shipyard.envs.grading.grader import grade
 from shipyard.envs.sandbox import BwrapSandbox, agent, sandbox_available
-from shipyard.envs.sandbox.bwrap import descendants, leftovers
 from shipyard.envs.sandbox.pool import SandboxPool
+from shipyard.envs.sandbox.reaper import descendants, leftovers
 from shipyard.envs.tasks.functions import generated_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

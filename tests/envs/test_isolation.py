@@ -26,7 +26,7 @@ from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.grading.grader import grade
 from shipyard.envs.sandbox import MAX_FILE_MB, TMPFS_MB, BwrapSandbox, sandbox_available, seccomp
-from shipyard.envs.sandbox.bwrap import descendants
+from shipyard.envs.sandbox.reaper import descendants
 from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.types import Task
 

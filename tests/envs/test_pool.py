@@ -1,7 +1,7 @@
 """SandboxPool: warm hand-out, refill, backpressure, the CPU-slot cap, forks, and no leaks after a burst.
 
 Every test uses real bubblewrap sandboxes (skipped with the install hint where bwrap cannot run).
-Leak checks look at the host (:func:`~shipyard.envs.sandbox.bwrap.leftovers`): processes whose
+Leak checks look at the host (:func:`~shipyard.envs.sandbox.reaper.leftovers`): processes whose
 command line or mount table names a sandbox's directory, this process's ``shipyard-sb-PID-*`` cgroups, the
 sandboxes' directories, the mount table, and this process's children.
 """
@@ -17,8 +17,8 @@ import pytest
 
 from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.sandbox import BwrapSandbox, sandbox_available
-from shipyard.envs.sandbox.bwrap import leftovers
 from shipyard.envs.sandbox.pool import PooledSandbox, SandboxPool
+from shipyard.envs.sandbox.reaper import leftovers
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 

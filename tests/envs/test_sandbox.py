@@ -24,7 +24,7 @@ import pytest
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox import OUTPUT_CAP, BwrapSandbox, agent, reap_stale, sandbox_available, sysroot
-from shipyard.envs.sandbox.bwrap import _rmtree_error, leftovers
+from shipyard.envs.sandbox.reaper import _rmtree_error, leftovers
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 

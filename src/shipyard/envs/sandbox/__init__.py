@@ -28,15 +28,14 @@ from shipyard.envs.sandbox.base import SandboxUnavailable
 from shipyard.envs.sandbox.bwrap import (
     MAX_FILE_MB,
     MAX_LISTED_FILES,
-    MAX_TEXT_FILE_BYTES,
-    OUTPUT_CAP,
-    SKIPPED_DIRS,
     TMPFS_MB,
     WORKDIR,
     BwrapSandbox,
-    reap_stale,
     sandbox_available,
 )
+from shipyard.envs.sandbox.overlay import MAX_TEXT_FILE_BYTES, SKIPPED_DIRS
+from shipyard.envs.sandbox.process import OUTPUT_CAP
+from shipyard.envs.sandbox.reaper import reap_stale
 from shipyard.envs.types import Sandbox
 
 __all__ = [

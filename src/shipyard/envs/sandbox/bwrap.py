@@ -106,8 +106,6 @@ import contextlib
 import functools
 import math
 import os
-import re
-import selectors
 import shlex
 import shutil
 import signal
@@ -118,33 +116,38 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox import agent, seccomp, sysroot
 from shipyard.envs.sandbox.base import check_relative, diff_files, env_prefix
-from shipyard.envs.sandbox.cgroups import Cgroups, candidate_parents, make_cgroups
+from shipyard.envs.sandbox.cgroups import make_cgroups
+from shipyard.envs.sandbox.overlay import (
+    SKIPPED_DIRS,
+    _overlay_diff,
+    _read_text,
+)
+from shipyard.envs.sandbox.process import _kill_group, _pump
+from shipyard.envs.sandbox.reaper import (
+    _reap_once,
+    _release,
+    _Resources,
+)
+from shipyard.envs.sandbox.session import _Session
 from shipyard.envs.types import ExecResult, WorkspaceDiff
 
 WORKDIR = "/workspace"
 """Where the workspace is mounted inside the sandbox (also the working directory and HOME)."""
-OUTPUT_CAP = 64 * 1024
-"""Bytes of stdout (and separately stderr) kept per exec: the first and last halves."""
 MAX_FILE_MB = 16
 """RLIMIT_FSIZE: largest file a sandboxed process may write."""
 TMPFS_MB = 64
 """Size of the sandbox's private /tmp and /dev/shm."""
-MAX_TEXT_FILE_BYTES = 1024 * 1024
-"""Files larger than this are left out of :meth:`BwrapSandbox.files`."""
 MAX_LISTED_FILES = 2000
 """At most this many files are returned by :meth:`BwrapSandbox.files` (in sorted path order)."""
-SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"})
-"""Directory names whose contents :meth:`BwrapSandbox.files` leaves out."""
 
 _RESERVED = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp"})
-_STATUS_CAP = 256
 _HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 """The whole environment bwrap starts with: its pid-1 process keeps it, and the sandbox can read
 that process's ``/proc/1/environ``, so the caller's environment (tokens, keys) never gets there."""
@@ -201,188 +204,6 @@ def sandbox_available() -> str | None:
     return None
 
 
-class _Capture:
-    """Keeps the first and last ``cap // 2`` bytes of a stream and counts what was cut between."""
-
-    def __init__(self, cap: int) -> None:
-        self.head_cap = cap // 2
-        self.tail_cap = cap - self.head_cap
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.head_cap - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            if len(self.tail) > 2 * self.tail_cap:
-                del self.tail[: len(self.tail) - self.tail_cap]
-
-    def text(self) -> str:
-        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
-        cut = self.total - len(self.head) - len(tail)
-        mid = f"\n[... {cut} bytes truncated ...]\n".encode() if cut > 0 else b""
-        return (bytes(self.head) + mid + tail).decode("utf-8", errors="replace")
-
-
-def _pump(proc: subprocess.Popen[bytes], stdin: bytes | None, deadline: float) -> tuple[str, str, bool]:
-    """Feed stdin, drain stdout/stderr (capped) until both close or the deadline passes."""
-    assert proc.stdout is not None and proc.stderr is not None
-    caps = {proc.stdout.fileno(): _Capture(OUTPUT_CAP), proc.stderr.fileno(): _Capture(OUTPUT_CAP)}
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f.fileno(), selectors.EVENT_READ)
-    pending = memoryview(stdin or b"")
-    if proc.stdin is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
-        if pending:
-            sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            proc.stdin.close()
-    timed_out = False
-    reading = 2
-    while reading:
-        left = deadline - time.monotonic()
-        if left <= 0 and not timed_out:
-            timed_out = True
-            _kill_group(proc)
-            deadline = time.monotonic() + 5.0  # the pid namespace is gone; drain what is buffered
-            continue
-        if left <= 0:
-            break
-        for key, _ in sel.select(timeout=min(left, 1.0)):
-            fd = key.fd
-            if fd in caps:
-                chunk = os.read(fd, 65536)
-                if chunk:
-                    caps[fd].add(chunk)
-                else:
-                    sel.unregister(fd)
-                    reading -= 1
-            else:
-                assert proc.stdin is not None
-                try:
-                    pending = pending[os.write(fd, pending[:65536]) :]
-                except BrokenPipeError:
-                    pending = pending[:0]
-                if not pending:
-                    sel.unregister(fd)
-                    proc.stdin.close()
-    sel.close()
-    out, err = caps[proc.stdout.fileno()].text(), caps[proc.stderr.fileno()].text()
-    return out, err, timed_out
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _drain(fd: int, sink: _Capture | None) -> None:
-    """Read a non-blocking fd until it is empty (EOF or EAGAIN), into ``sink`` or nowhere."""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            return
-        if not chunk:
-            return
-        if sink is not None:
-            sink.add(chunk)
-
-
-_OWNED = re.compile(r"^shipyard-(?:sb|grade)-(\d+)-")
-
-
-def _dead(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def reap_stale() -> int:
-    """Remove what sandboxes of dead processes left behind; returns how many entries went.
-
-    A process killed hard (``SIGKILL``, e.g. a Ray actor torn down) runs no finalizer: its
-    sandboxes' processes die with it (``--die-with-parent``) but their empty ``shipyard-sb-PID-*``
-    cgroups and ``shipyard-sb-PID-*`` / ``shipyard-grade-PID-*`` temp directories stay. This
-    removes those whose PID is not a live process here. Runs once per process, on the first
-    sandbox. Assumes the temp directory and cgroups are not shared with another pid namespace.
-    """
-    removed = 0
-    for parent in candidate_parents():
-        for name in os.listdir(parent):
-            m = _OWNED.match(name)
-            if m and _dead(int(m.group(1))):
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.join(parent, name))  # fails (and stays) if not empty
-                    removed += 1
-    tmp = tempfile.gettempdir()
-    for name in os.listdir(tmp):
-        m = _OWNED.match(name)
-        path = os.path.join(tmp, name)
-        if m and _dead(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
-            with contextlib.suppress(OSError):  # another process may be reaping it too
-                _release(_Resources(path, Cgroups()))
-                removed += 1
-    return removed
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (host pids, from ``/proc/PID/task/*/children``)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-    return out
-
-
-def leftovers(roots: Sequence[str]) -> dict[str, int]:
-    """What sandboxes with these workspace ``roots`` left on the host: live processes whose
-    command line or mount table names a root (bwrap gets its options through a pipe, so its
-    sandbox's processes show the workspace only as a mount), mounts of ours naming one, roots
-    still on disk, and this process's ``shipyard-sb-PID-*`` cgroups (of every sandbox, closed or not)."""
-    procs = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and entry != str(os.getpid()):
-            seen = ""
-            for name in ("cmdline", "mountinfo"):
-                with contextlib.suppress(OSError), open(f"/proc/{entry}/{name}", "rb") as f:
-                    seen += f.read().decode(errors="replace")
-            procs += any(root in seen for root in roots)
-    with open("/proc/self/mountinfo") as f:
-        mounts = sum(1 for line in f if any(root in line for root in roots))
-    prefix = f"shipyard-sb-{os.getpid()}-"
-    cgroups = sum(
-        1 for parent in candidate_parents() for name in os.listdir(parent) if name.startswith(prefix)
-    )
-    dirs = sum(1 for root in roots if os.path.exists(root))
-    return {"processes": procs, "mounts": mounts, "cgroups": cgroups, "dirs": dirs}
-
-
-@functools.lru_cache(maxsize=1)
-def _reap_once() -> int:
-    try:
-        return reap_stale()
-    except OSError:
-        return 0
-
-
 @functools.lru_cache(maxsize=1)
 def _python_roots() -> tuple[str, ...]:
     """The Python installation(s) to bind read-only: venv prefix and base prefix, outside /usr."""
@@ -429,155 +250,6 @@ def _release_args(
         if not written:  # killed while it still waits: it never reads a short option list
             _kill_group(proc)
         os.close(args_w)
-
-
-class _Session:
-    """A running command server (:data:`_SERVER`) and the host ends of its pipes."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], cmd_w: int, out_r: int, err_r: int, st_r: int) -> None:
-        self.proc, self.cmd_w, self.out_r, self.err_r, self.st_r = proc, cmd_w, out_r, err_r, st_r
-        for fd in (cmd_w, out_r, err_r, st_r):
-            os.set_blocking(fd, False)
-        self.seq = 0
-        self.owner = threading.current_thread()
-        """The thread that started the session: bwrap's ``--die-with-parent`` ends it with that thread."""
-        self.answered = False
-        """Whether the server has answered a command (so, for ``base``, the overlay is mounted)."""
-
-    def alive(self) -> bool:
-        """Running, and not about to die with the thread that started it."""
-        return self.proc.poll() is None and self.owner.is_alive()
-
-    def kill(self, graceful: bool = False) -> None:
-        """End the session; ``graceful``: close its command pipe and let it exit (so every process
-        is reaped by its parent and its CPU time is accounted to us), killing it after 1 s."""
-        if graceful and self.alive():
-            os.close(self.cmd_w)
-            self.cmd_w = -1
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=1.0)
-        _kill_group(self.proc)
-        self.proc.wait()
-        for fd in (self.cmd_w, self.out_r, self.err_r, self.st_r):
-            if fd >= 0:
-                os.close(fd)
-        self.cmd_w = self.out_r = self.err_r = self.st_r = -1
-
-    def run(self, cmd: bytes, timeout: float) -> tuple[int | None, str, str, str]:
-        """(exit status or None, stdout, stderr, problem): problem is '' or 'timeout'/'died'/'protocol'."""
-        deadline = time.monotonic() + timeout
-        _drain(self.out_r, None)  # bytes a killed background job wrote after the last status
-        _drain(self.err_r, None)
-        self.seq += 1
-        lines = cmd.count(b"\n") + 1
-        pending = memoryview(f"{self.seq} {lines} {math.ceil(timeout) + 1}\n".encode() + cmd + b"\n")
-        caps = {self.out_r: _Capture(OUTPUT_CAP), self.err_r: _Capture(OUTPUT_CAP)}
-        status = bytearray()
-        sel = selectors.DefaultSelector()
-        for fd in (self.out_r, self.err_r, self.st_r):
-            sel.register(fd, selectors.EVENT_READ)
-        sel.register(self.cmd_w, selectors.EVENT_WRITE)
-        problem = ""
-        try:
-            while b"\n" not in status and not problem:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    problem = "timeout"
-                    break
-                for key, _ in sel.select(timeout=min(left, 1.0)):
-                    if key.fd == self.cmd_w:
-                        pending = self._feed(pending)
-                        if not pending:
-                            sel.unregister(self.cmd_w)
-                    elif not self._read_into(key.fd, caps.get(key.fd), status):
-                        problem = "died"
-                if len(status) > _STATUS_CAP:
-                    problem = "protocol"
-        finally:
-            sel.close()
-        for fd, cap in caps.items():
-            _drain(fd, cap)
-        out, err = caps[self.out_r].text(), caps[self.err_r].text()
-        problem = problem or self._check(bytes(status))
-        self.answered = self.answered or not problem
-        return self._status(bytes(status), problem), out, err, problem
-
-    def _feed(self, pending: memoryview) -> memoryview:
-        try:
-            return pending[os.write(self.cmd_w, pending[:65536]) :]
-        except BlockingIOError:
-            return pending
-        except BrokenPipeError:
-            return pending[:0]
-
-    def _read_into(self, fd: int, cap: _Capture | None, status: bytearray) -> bool:
-        """Read what ``fd`` has into its capture (or the status buffer); False on EOF."""
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            return True
-        if not chunk:
-            return False
-        if cap is not None:
-            cap.add(chunk)
-        else:
-            status += chunk
-        return True
-
-    def _status(self, status: bytes, problem: str) -> int | None:
-        parts = status.split(b"\n", 1)[0].split()
-        if problem or len(parts) != 2 or not parts[1].isdigit():
-            return None
-        return int(parts[1])
-
-    def _check(self, status: bytes) -> str:
-        parts = status.split(b"\n", 1)[0].split()
-        ok = len(parts) == 2 and parts[0] == str(self.seq).encode() and parts[1].isdigit()
-        return "" if ok and status.endswith(b"\n") and status.count(b"\n") == 1 else "protocol"
-
-
-class _Resources:
-    """What :meth:`BwrapSandbox.close` (or garbage collection) must release."""
-
-    def __init__(self, root: str, cgroups: Cgroups) -> None:
-        self.root = root
-        self.cgroups = cgroups
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.session: _Session | None = None
-
-    def end_session(self, graceful: bool = False) -> None:
-        if self.session is not None:
-            self.session.kill(graceful)
-            with contextlib.suppress(ValueError):
-                self.procs.remove(self.session.proc)
-            self.session = None
-
-
-def _release(res: _Resources) -> None:
-    res.end_session(graceful=True)
-    for proc in res.procs:
-        _kill_group(proc)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    res.procs.clear()
-    res.cgroups.remove()
-
-    shutil.rmtree(res.root, onerror=_rmtree_error)
-
-
-def _rmtree_error(func: Callable[..., object], path: str, exc: tuple[type, BaseException, object]) -> None:
-    """``shutil.rmtree``'s error hook for sandbox roots: what is already gone (another process
-    reaping the same stale root) is done; an entry the sandboxed code made unwritable (a directory
-    of mode 000) is made writable and removed again. Anything else stays, as ``ignore_errors``."""
-    if isinstance(exc[1], FileNotFoundError):
-        return
-    with contextlib.suppress(OSError):
-        if func in (os.unlink, os.remove, os.rmdir):
-            os.chmod(os.path.dirname(path), 0o700)
-            func(path)
-        elif os.path.isdir(path) and not os.path.islink(path) and os.stat(path).st_mode & 0o700 != 0o700:
-            os.chmod(path, 0o700)  # os.open / os.scandir of a directory we could not read: once more
-            shutil.rmtree(path, onerror=_rmtree_error)
 
 
 def _check_base(base: str) -> str:
@@ -1018,78 +690,3 @@ class BwrapSandbox:
             if proc is not session:
                 _kill_group(proc)
         self._finalizer()
-
-
-def _is_whiteout(st: os.stat_result) -> bool:
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-def _is_opaque(path: str) -> bool:
-    for name in ("user.overlay.opaque", "trusted.overlay.opaque"):
-        with contextlib.suppress(OSError):
-            if os.getxattr(path, name, follow_symlinks=False) == b"y":
-                return True
-    return False
-
-
-def _base_texts(base: str, rel: str) -> dict[str, str]:
-    """Text files under ``base/rel`` (a file or a directory), by workspace-relative path."""
-    top = os.path.join(base, rel)
-    if not os.path.isdir(top) or os.path.islink(top):
-        text = _read_text(top)
-        return {} if text is None else {rel: text}
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
-        for name in filenames:
-            text = _read_text(os.path.join(dirpath, name))
-            if text is not None:
-                out[os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")] = text
-    return out
-
-
-def _overlay_diff(base: str, upper: str) -> WorkspaceDiff:
-    """The diff an overlay's upper layer makes to its lower directory ``base`` (text files)."""
-    out = WorkspaceDiff()
-    deleted: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(upper, followlinks=False):
-        rel_dir = os.path.relpath(dirpath, upper)
-        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
-        if rel_dir and _is_opaque(dirpath):
-            kept = {os.path.join(rel_dir, n).replace(os.sep, "/") for n in filenames}
-            deleted |= {p for p in _base_texts(base, rel_dir) if p not in kept}
-        for name in list(dirnames) + filenames:
-            host, rel = os.path.join(dirpath, name), f"{rel_dir}/{name}".lstrip("/")
-            st = os.lstat(host)
-            if _is_whiteout(st):
-                deleted |= set(_base_texts(base, rel))
-            elif name in filenames:
-                text = _read_text(host)
-                before = _read_text(os.path.join(base, rel))
-                if text is not None and before is None and not os.path.lexists(os.path.join(base, rel)):
-                    out.added[rel] = text
-                elif text is not None and text != before:
-                    out.modified[rel] = text
-        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
-    out.added, out.modified = dict(sorted(out.added.items())), dict(sorted(out.modified.items()))
-    out.deleted = sorted(deleted)
-    return out
-
-
-def _read_text(host: str) -> str | None:
-    """Content of a regular, small, NUL-free UTF-8 file (never following links), else None."""
-    try:
-        st = os.lstat(host)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TEXT_FILE_BYTES:
-            return None
-        fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_TEXT_FILE_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_TEXT_FILE_BYTES or b"\0" in data:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None

@@ -11,7 +11,7 @@ by :attr:`Cgroups.controllers`, so callers fall back to rlimits for it. The sand
 moves itself into every directory (:meth:`Cgroups.procs_files`) before it execs bwrap, so every
 sandboxed process starts inside. :meth:`Cgroups.remove` kills whatever is still inside and
 removes the directories (bounded retries); a host process killed hard leaves empty directories
-that :func:`shipyard.envs.sandbox.bwrap.reap_stale` removes through :func:`candidate_parents`.
+that :func:`shipyard.envs.sandbox.reaper.reap_stale` removes through :func:`candidate_parents`.
 
 Limits: needs write access to the cgroup filesystem (root, or a delegated v2 subtree); nothing
 here works inside an unprivileged container without delegation, which is why every limit has an
