@@ -12,7 +12,7 @@ Reported per step (step 1 changes far more than later ones, so the chain figures
 over steps 2..N): compression ratio (bf16 bytes / shipped bytes), fraction of weights
 unchanged, encode and decode+apply GB/s per core (model bytes / CPU seconds of the one thread
 doing the work, ``workers=1``; apply writes into the live serving tensors in place; sender and
-receiver carry their :class:`~shipyard.weights.codec.MinorityIndex` along the chain, as the
+receiver carry their :class:`~shipyard.weights.order.MinorityIndex` along the chain, as the
 publisher and subscribers do, so step 1 also pays for building them), and the
 order-0 entropy bound, plain and conditioned on the parent's exponent. After each chain the
 last step is also coded with ``--workers`` threads (wall clock). Prints rich tables and writes
@@ -54,14 +54,9 @@ from rich.table import Table
 
 from shipyard.config.schema import ModelConfig
 from shipyard.models.loading import load_model
-from shipyard.weights.codec import (
-    MinorityIndex,
-    decode_state,
-    describe_blob,
-    encode_state,
-    entropy_bound,
-    tensor_digest,
-)
+from shipyard.weights.codec import describe_blob
+from shipyard.weights.order import MinorityIndex
+from shipyard.weights.states import decode_state, encode_state, entropy_bound, tensor_digest
 
 SNIPPETS = [
     "def add(a, b):\n    return a + b\n",

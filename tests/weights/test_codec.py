@@ -5,21 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from shipyard.weights import codec
-from shipyard.weights.codec import (
-    decode_delta,
-    decode_snapshot,
-    decode_state,
-    describe_blob,
-    digest_matches,
-    encode_delta,
-    encode_snapshot,
-    encode_state,
-    entropy_bound,
-    tensor_digest,
-)
+from shipyard.weights import bits, order
+from shipyard.weights.codec import decode_delta, decode_snapshot, describe_blob, encode_delta, encode_snapshot
+from shipyard.weights.states import decode_state, digest_matches, encode_state, entropy_bound, tensor_digest
 
-DTYPES = list(codec.SUPPORTED_DTYPES)
+DTYPES = list(bits.SUPPORTED_DTYPES)
 DENSITIES = [0.0, 0.001, 0.015, 0.3, 1.0]
 INT_VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
@@ -184,7 +174,7 @@ def test_encode_updates_the_parent_in_place(dtype: torch.dtype) -> None:
     new = new.reshape(parent.shape)
     plain = encode_delta(parent, new)
     kept, ptr = parent.clone(), parent.data_ptr()
-    assert encode_delta(parent, new, codec.MinorityIndex(), update_parent=True) == plain
+    assert encode_delta(parent, new, order.MinorityIndex(), update_parent=True) == plain
     assert parent.data_ptr() == ptr
     assert_bits_equal(parent, new)
     assert_bits_equal(decode_delta(kept, plain), new)
@@ -210,7 +200,7 @@ def test_tiny_weights_form_the_minority_and_pay_off(monkeypatch: pytest.MonkeyPa
     info = describe_blob(blob)
     assert info["split_exp"] > 0 and info["minority"] > 0
     assert_bits_equal(decode_delta(parent, blob), new)
-    monkeypatch.setattr(codec, "SPLIT_COST_BITS", 1e9)  # forbid the split
+    monkeypatch.setattr(order, "SPLIT_COST_BITS", 1e9)  # forbid the split
     plain = encode_delta(parent, new)
     assert describe_blob(plain)["split_exp"] == 0
     assert len(blob) < 0.7 * len(plain), (len(blob), len(plain))
@@ -245,7 +235,7 @@ def test_hundred_version_chain_replays_to_the_same_digest() -> None:
     serve = lambda: {k: p.detach().to(torch.bfloat16) for k, p in zip(master, params, strict=True)}  # noqa: E731
     versions = [serve()]
     deltas = []
-    sent: dict[str, codec.MinorityIndex] = {}  # the sender's and receiver's carried minority indexes
+    sent: dict[str, order.MinorityIndex] = {}  # the sender's and receiver's carried minority indexes
     for i in range(100):
         loss = sum((p * torch.randn_like(p)).sum() for p in params)
         loss.backward()
@@ -257,7 +247,7 @@ def test_hundred_version_chain_replays_to_the_same_digest() -> None:
             assert deltas[-1] == encode_state(versions[-2], versions[-1])
     assert sum(x.builds for x in sent.values()) >= 1
     live = {k: v.clone() for k, v in versions[0].items()}
-    received: dict[str, codec.MinorityIndex] = {}
+    received: dict[str, order.MinorityIndex] = {}
     for i, blobs in enumerate(deltas, start=1):
         decode_state(live, blobs, workers=2, out=live, indexes=received)
         if i in (1, 50):
@@ -287,14 +277,14 @@ def _tiny_churn_step(cur: torch.Tensor, tiny: torch.Tensor, g: torch.Generator) 
 def test_minority_index_follows_a_chain(dtype: torch.dtype) -> None:
     """A carried MinorityIndex stays equal to one built afresh from each version, while elements
     cross its cap both ways; the blobs are the same with or without it."""
-    spec = codec._BY_DTYPE[dtype]
+    spec = bits._BY_DTYPE[dtype]
     g = torch.Generator().manual_seed(5)
     n = 40_000
     tiny = torch.rand(n, generator=g) < 0.04
     w = torch.randn(n, generator=g).abs() + 0.5
     w[tiny] = w[tiny] * 2.0 ** -(spec.mant_bits + 2) if spec.width > 8 else w[tiny] / 16
     cur = w.to(dtype).reshape(-1, 40)
-    sent, received = codec.MinorityIndex(), codec.MinorityIndex()
+    sent, received = order.MinorityIndex(), order.MinorityIndex()
     live = cur.clone()
     splits = []
     for _ in range(10):
@@ -306,7 +296,7 @@ def test_minority_index_follows_a_chain(dtype: torch.dtype) -> None:
         splits.append(describe_blob(blob)["split_exp"])
         for index in (sent, received):
             if index.built:
-                idx, exps = codec._scan_below(codec._bits(new, spec), index.cap, spec)
+                idx, exps = order._scan_below(bits._bits(new, spec), index.cap, spec)
                 assert np.array_equal(index.idx_K, idx) and np.array_equal(index.exp_K, exps)
         cur = new
     assert sum(x > 0 for x in splits) >= 5 and sent.built and received.built, splits

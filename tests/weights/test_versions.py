@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from shipyard.store import LocalStore
-from shipyard.weights.codec import tensor_digest
 from shipyard.weights.leases import collect_garbage, read_records, write_record
 from shipyard.weights.publisher import WeightPublisher
+from shipyard.weights.states import tensor_digest
 from shipyard.weights.types import (
     Encoding,
     Manifest,

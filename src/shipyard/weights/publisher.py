@@ -235,7 +235,8 @@ class WeightPublisher:
         extra: dict[str, Any],
     ) -> tuple[Manifest, dict[str, bytes] | None]:
         """The version's manifest, and its delta shards' bytes when they fit the feed's inline limit."""
-        from shipyard.weights.codec import encode_delta, encode_snapshot, indexes_for, tensor_digest
+        from shipyard.weights.codec import encode_delta, encode_snapshot
+        from shipyard.weights.states import indexes_for, tensor_digest
 
         entries: dict[str, TensorEntry] = {}
         if parent is None:

@@ -267,7 +267,7 @@ class VersionReader:
         self.on_shard: Callable[[int, ShardEntry, bytes], None] | None = None
         """Called with every verified shard (a relay copies it into its mirror)."""
         self.indexes: dict[str, Any] = {}
-        """Per tensor, the :class:`~shipyard.weights.codec.MinorityIndex` of the last state this
+        """Per tensor, the :class:`~shipyard.weights.order.MinorityIndex` of the last state this
         reader decoded (version ``index_version``): the next delta against it skips a pass."""
         self.index_version: int | None = None
         self._prefetched: dict[tuple[int, str], Future[bytes]] = {}
@@ -422,12 +422,8 @@ def _decode_many(
     indexes: dict[str, Any],
     positions: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    from shipyard.weights.codec import (
-        apply_delta,
-        decode_snapshot,
-        digest_matches,
-        indexes_for,
-    )
+    from shipyard.weights.codec import apply_delta, decode_snapshot
+    from shipyard.weights.states import digest_matches, indexes_for
 
     index = indexes_for(members, indexes)
 
