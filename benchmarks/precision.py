@@ -7,7 +7,8 @@ fixed when torch loads) measures, on one thread as the demo runs:
   synthetic sessions, ``trainer.bf16_decoder`` false vs true, the demo's top-6-block training;
 - engine: generated tokens/s of an :class:`~shipyard.inference.engine.EmbeddedEngine` (batched
   sampling, KV cache) with ``inference.dtype`` float32 vs bfloat16 (fp32 head);
-- the choices of ``trainer.bf16_decoder = "auto"`` and ``inference.dtype = "auto"`` there.
+- the choices of ``trainer.bf16_decoder = "auto"`` and ``inference.dtype = "auto"`` there;
+- GFLOP/s of a 1024x1024 matmul in both dtypes (``matmul_gflops_fp32``, ``matmul_gflops_bf16``).
 
 Conditions: ``native`` (the CPU as it is) and ``avx2`` (torch held to AVX2 kernels:
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``, what a CPU without bf16 units runs).
@@ -119,6 +120,19 @@ def engine_tok_s(quick: bool, dtype: str) -> float:
     return sum(len(r.token_ids) for r in out) / (time.perf_counter() - t0)
 
 
+def matmul_gflops(dtype: str, reps: int = 5) -> float:
+    """GFLOP/s of a 1024x1024 @ 1024x1024 matmul on one thread (the kernel the rest stands on)."""
+    import torch
+
+    a = torch.randn(1024, 1024, dtype=getattr(torch, dtype))
+    b = torch.randn(1024, 1024, dtype=getattr(torch, dtype))
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * 1024**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
 def measure(quick: bool) -> dict[str, Any]:
     """One condition, in this process (its environment fixes the kernels)."""
     import torch
@@ -130,6 +144,8 @@ def measure(quick: bool) -> dict[str, Any]:
     auto_engine = resolve_dtype("auto", "cpu", "inference.dtype")[0] == torch.bfloat16
     out = {
         "cpu_capability": bf16_support("cpu").capability,
+        "matmul_gflops_fp32": matmul_gflops("float32"),
+        "matmul_gflops_bf16": matmul_gflops("bfloat16", reps=1 if quick else 3),
         "trainer_tok_s_fp32": trainer_tok_s(quick, False),
         "trainer_tok_s_bf16": trainer_tok_s(quick, True),
         "engine_tok_s_fp32": engine_tok_s(quick, "float32"),
@@ -172,7 +188,10 @@ def main() -> None:
     }
     table("precision: fp32 vs bf16, one thread", rows)
     for name, c in conditions.items():
-        print(f"{name}: {c['cpu_capability']}; auto is fastest: {c['auto_is_fastest']}")
+        print(
+            f"{name}: {c['cpu_capability']}; matmul GFLOP/s fp32 {c['matmul_gflops_fp32']:.1f} "
+            f"bf16 {c['matmul_gflops_bf16']:.1f}; auto is fastest: {c['auto_is_fastest']}"
+        )
     figures = {
         **conditions["native"],
         "conditions": conditions,

@@ -1,4 +1,5 @@
-"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, each taking a TOML config and dotted overrides.
+"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `trainer`, `worker`, each taking a
+TOML config and dotted overrides.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -8,6 +9,8 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard serve configs/demo.toml inference.port=8000
     shipyard relay configs/demo.toml relay.mirror.root=/data/region-eu
     shipyard warmstart configs/long.toml warmstart.output_dir=runs/long-sft
+    shipyard trainer configs/demo.toml                  # the trainer alone (resumes its checkpoint)
+    shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
     shipyard train configs/demo.toml --dry-run
 """
 
@@ -29,11 +32,16 @@ def _parser() -> argparse.ArgumentParser:
         ("serve", "serve the policy over HTTP, following new weight versions"),
         ("relay", "mirror weight versions from the origin store into a region's store"),
         ("warmstart", "fine-tune the policy on demonstrations before RL (long tasks)"),
+        ("trainer", "run the trainer of a run alone, as its own process (resumes from its checkpoint)"),
+        ("worker", "run one rollout worker of a run alone, against an inference server"),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("config", help="TOML config file (see configs/)")
         s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5")
         s.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+        if name == "worker":
+            s.add_argument("--server", required=True, help="inference server URL, e.g. http://127.0.0.1:8000")
+            s.add_argument("--worker-id", default="w0", help="names the worker's batches (rollouts/<id>/)")
     return p
 
 
@@ -61,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         report = run_warmstart(cfg)
         print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
         print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
+    elif args.command == "trainer":
+        from shipyard.orchestrate.standalone import trainer_process
+
+        _stop_on_signals()
+        print(trainer_process(cfg))
+    elif args.command == "worker":
+        from shipyard.orchestrate.standalone import worker_process
+
+        _stop_on_signals()
+        print(f"worker {args.worker_id}: {worker_process(cfg, args.worker_id, args.server)} batches")
     elif args.command == "relay":
         from shipyard.weights.relay import run_relay
 

@@ -209,3 +209,29 @@ def test_close_stops_the_server_and_a_killed_pool_is_reaped() -> None:
     run_as = ["runuser", "-u", PostgresConfig().run_as, "--"] if os.getuid() == 0 else []
     assert reap_stale(find_bin_dir() or "", [os.path.dirname(orphan)], run_as) >= 1
     assert not os.path.exists(orphan) and _gone(orphan_pid)
+
+
+def test_a_killed_server_is_replaced_and_its_leases_fail_cleanly() -> None:
+    import signal
+
+    with ServicePool(ServicesConfig()) as fresh:
+        first = _pg(fresh)
+        with pytest.raises(RuntimeError), fresh.leases(TASK):  # the server dies under a live lease
+            with open(os.path.join(first.data, "postmaster.pid")) as f:
+                os.kill(int(f.readline()), signal.SIGKILL)
+            _wait(lambda: not first.healthy())
+            first.psql("SELECT 1;")
+        second = _pg(fresh)
+        assert second is not first and second.healthy() and not os.path.exists(first.root)
+        with fresh.leases(TASK) as leases, _sandbox(leases) as sb:
+            out = sb.exec("psql service=db -Atc 'SELECT count(*) FROM users'")
+            assert out.stdout.strip() == "100", out.stderr
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.05)

@@ -59,6 +59,9 @@ class Service(Protocol):
     def close(self) -> None:
         """Stop the server and remove everything it wrote; idempotent."""
 
+    def healthy(self) -> bool:
+        """Whether the server is still running (a pool replaces one that died)."""
+
 
 def check_services(task: Task) -> None:
     """Raise a ValueError naming the task and field when its services are not usable as declared."""

@@ -50,8 +50,13 @@ class ServicePool:
         self.close()
 
     def get(self, name: str) -> Service:
-        """The pool's instance of service ``name``, started on the first call."""
+        """The pool's instance of service ``name``, started on the first call, and started again when the
+        server died (its leases then fail; later ones get the new server)."""
         with self._lock:
+            dead = self._services.get(name)
+            if dead is not None and not dead.healthy():  # killed under us: a fresh server, same config
+                dead.close()
+                del self._services[name]
             if name not in self._services:
                 self._services[name] = make_service(name, self.cfg)
             return self._services[name]
@@ -60,14 +65,16 @@ class ServicePool:
     def leases(self, task: Task) -> Iterator[dict[str, ServiceLease]]:
         """Leases for every service ``task`` declares, released when the block ends (even on error)."""
         check_services(task)
-        taken: dict[str, ServiceLease] = {}
+        taken: dict[str, tuple[Service, ServiceLease]] = {}
         try:
             for name in task.services:
-                taken[name] = self.get(name).lease(task)
-            yield taken
+                service = self.get(name)
+                taken[name] = (service, service.lease(task))
+            yield {name: lease for name, (_, lease) in taken.items()}
         finally:
-            for name, lease in taken.items():
-                self._services[name].release(lease)
+            for service, lease in taken.values():
+                if service.healthy():  # a server that died took its leases with it
+                    service.release(lease)
 
     def close(self) -> None:
         with self._lock:

@@ -304,6 +304,14 @@ class PostgresService:
         """Stop the server and remove the cluster; idempotent."""
         self._finalizer()
 
+    def healthy(self) -> bool:
+        """Whether the cluster's postmaster is running (its pid from ``postmaster.pid``)."""
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as f:
+                return self._finalizer.alive and _alive(int(f.readline()))
+        except (OSError, ValueError):
+            return False
+
     # ----------------------------------------------------------------- host-side SQL (trusted only)
     def _env(self, user: str, password: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}

@@ -1,0 +1,39 @@
+"""One component of a run as its own process: `shipyard trainer` and `shipyard worker`.
+
+Contract: :func:`trainer_process` claims the run's store (:func:`shipyard.store.run.claim_run`:
+a new run, or the same run resumed from its last checkpoint) and trains until
+``trainer.steps``; :func:`worker_process` attaches to the run (:func:`shipyard.store.run.open_run`)
+and plays GRPO groups against the inference server at ``server_url`` until the trainer writes
+``control/finished`` (it continues after its last written batch when restarted). With
+``shipyard serve`` (an inference server) and ``shipyard relay`` these are the processes an
+operator, or a supervisor such as the chaos suite, runs and restarts one by one; ``shipyard
+train`` places the same components itself.
+
+Limits: no placement, no evaluation, no progress table: each process logs what it does and exits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shipyard.config.schema import ShipyardConfig
+
+
+def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
+    """Train the run ``run.name`` (claiming its store first); returns the trainer's summary."""
+    from shipyard.store.run import claim_run
+    from shipyard.trainer.loop import run_trainer
+
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    store = claim_run(cfg.store, cfg.run.name, run_dir)
+    return run_trainer(cfg, store, run_dir)
+
+
+def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
+    """Play groups for the run ``run.name`` against ``server_url``; returns the batches written."""
+    from shipyard.orchestrate.components import build_worker
+    from shipyard.store.run import open_run
+
+    worker = build_worker(cfg, worker_id, server_url, open_run(cfg.store, cfg.run.name))
+    return worker.run()
