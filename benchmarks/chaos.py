@@ -1,0 +1,506 @@
+"""Benchmark: a live run survives SIGKILL of each of its components, one at a time and again and again.
+
+Contract: a run of the tiny model is started as separate processes over real components: a SeaweedFS
+S3 server (the origin store), ``shipyard trainer``, ``shipyard relay`` (origin -> a local mirror),
+``shipyard serve`` (following the mirror) and ``shipyard worker`` (function and database tasks, so
+PostgreSQL runs in the worker's service pool and every session in bubblewrap sandboxes). A
+supervisor restarts any process that dies. Then, one kill at a time, each kind of component is sent
+SIGKILL at a random moment: the trainer, the inference server, the rollout worker, the relay, the
+S3 server (restarted on its data), the PostgreSQL postmaster (the pool replaces it) and the process
+tree of one sandbox (the session is recorded as crashed). After each kill the next waits until that
+component has recovered: the trainer trained another step, the server answers ``/health``, the
+worker wrote another batch, the relay caught up with the origin, S3 lists again, a new postmaster
+serves, the worker wrote another batch. The run must then finish all its steps.
+
+Figures (``benchmarks/results/chaos.json``): ``kills`` (count) and ``kinds`` (count per kind),
+``lost_versions`` (a trained step without a published version holding the logged weights),
+``double_trained_groups`` (a group consumed by two steps), ``leaked_sandboxes`` (sandbox
+directories or bwrap processes left after shutdown), ``leaked_processes`` (postgres, bwrap or
+component processes left), ``orphaned_store_objects`` (objects under ``weights/`` that no committed
+version names), all expected 0, and ``max_recovery_s`` per kind.
+
+Limits: one machine, loopback only; the tiny random model (nothing is learned); kills are spaced
+by recovery, so two components are never down at once by design (a second fault during recovery
+is the same code path as a restart, but it is not what this measures).
+
+Usage::
+
+    .venv/bin/python benchmarks/chaos.py            # 3 rounds over the 7 kinds (21 kills)
+    .venv/bin/python benchmarks/chaos.py --quick    # 1 round (7 kills)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, table, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("trainer", "server", "worker", "relay", "s3", "postgres", "sandbox")
+S3_ENV = {"CHAOS_S3_KEY": "chaos", "CHAOS_S3_SECRET": "chaos"}
+RUN = "chaos"
+
+
+class Component:
+    """One supervised process: started, restarted when it dies, killed with SIGKILL on demand."""
+
+    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+        self.name, self.argv, self.log = name, argv, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pids: list[int] = []
+        """Every incarnation's pid (their sandboxes and clusters are named after them)."""
+        self.restarts = 0
+        self.done = False
+        """The process exited 0 on its own (the trainer after its last step): not restarted."""
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+            )
+        self.pids.append(self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def supervise(self) -> None:
+        """Restart the process if it died (not if it finished with status 0)."""
+        if self.proc is None or self.done or self.alive():
+            return
+        if self.proc.returncode == 0 and self.name == "trainer":
+            self.done = True
+            return
+        self.restarts += 1
+        self.start()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM (the component cleans up), then SIGKILL after 30 s."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def _procs() -> list[tuple[int, int, str]]:
+    """(pid, ppid, cmdline) of every process."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            out.append((int(d.name), ppid, cmd))
+    return out
+
+
+def _descendants(root: int, procs: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
+    kids: dict[int, list[tuple[int, str]]] = {}
+    for pid, ppid, cmd in procs:
+        kids.setdefault(ppid, []).append((pid, cmd))
+    out, todo = [], [root]
+    while todo:
+        for pid, cmd in kids.get(todo.pop(), []):
+            out.append((pid, cmd))
+            todo.append(pid)
+    return out
+
+
+def postmasters() -> list[int]:
+    """Pids of the postmasters of Shipyard's PostgreSQL clusters."""
+    return [
+        pid
+        for pid, _, cmd in _procs()
+        if "/postgres " in cmd and " -D " in cmd and "shipyard-pg-" in cmd and "postgres:" not in cmd
+    ]
+
+
+class ChaosRun:
+    """The run's processes and stores under ``work``, and what is needed to kill and probe each kind."""
+
+    def __init__(self, work: Path, steps: int, seed: int) -> None:
+        from shipyard.store.seaweed import SeaweedServer
+
+        self.work, self.steps = work, steps
+        self.rng = random.Random(seed)
+        self.s3 = SeaweedServer(work / "s3")
+        self.port = _free_port()
+        self.common = [
+            f"run.name={RUN}",
+            f'run.output_dir="{work / "runs"}"',
+            f"run.seed={seed}",
+            "store.type=s3",
+            'store.root="shipyard-chaos/origin"',
+            f'store.endpoint_url="{self.s3.endpoint}"',
+            "store.key_env=CHAOS_S3_KEY",
+            "store.secret_env=CHAOS_S3_SECRET",
+            "store.timeout_s=20",
+            f"trainer.steps={steps}",
+            "trainer.groups_per_step=1",
+            "trainer.max_off_policy_steps=4",
+            "trainer.wait_timeout_s=900",
+            "rollout.group_size=2",
+            "rollout.concurrency=2",
+            "tasks.num_generated=10",
+            "tasks.num_db=3",
+            "weights.keep=100000",
+            f'relay.mirror.root="{work / "mirror"}"',
+            "relay.poll_s=0.2",
+            "inference.poll_s=0.2",
+            "sandbox.pool.warm=1",
+        ]
+        self.parts: dict[str, Component] = {}
+
+    def _cli(self, command: str, *extra: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "shipyard.cli",
+            command,
+            str(ROOT / "configs/tiny.toml"),
+            *self.common,
+            *extra,
+        ]
+
+    def origin(self) -> Any:
+        from shipyard.config.schema import StoreConfig
+        from shipyard.store.run import open_run
+
+        cfg = StoreConfig(
+            type="s3",
+            root="shipyard-chaos/origin",
+            endpoint_url=self.s3.endpoint,
+            key_env="CHAOS_S3_KEY",
+            secret_env="CHAOS_S3_SECRET",
+            timeout_s=20,
+        )
+        return open_run(cfg, RUN)
+
+    def mirror(self) -> Any:
+        from shipyard.store import LocalStore
+
+        return LocalStore(self.work / "mirror" / RUN)
+
+    def start(self) -> None:
+        os.environ.update(S3_ENV)
+        self.s3.start()
+        logs = self.work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        url = f"http://127.0.0.1:{self.port}"
+        self.parts = {
+            "trainer": Component("trainer", self._cli("trainer"), logs / "trainer.log"),
+            "relay": Component("relay", self._cli("relay"), logs / "relay.log"),
+            "server": Component(
+                "server",
+                self._cli(
+                    "serve",
+                    "store.type=local",
+                    f'store.root="{self.work / "mirror"}"',
+                    f"inference.port={self.port}",
+                ),
+                logs / "server.log",
+            ),
+            "worker": Component(
+                "worker", self._cli("worker", "--server", url, "--worker-id", "w0"), logs / "worker.log"
+            ),
+        }
+        self.parts["trainer"].start()  # claims the run: the others attach to it
+        _until(lambda: _quiet(lambda: self.origin()) is not None, 180, "the trainer claiming the run")
+        self.parts["relay"].start()
+        _until(
+            lambda: (self.work / "mirror" / RUN / "RUN.json").exists(), 120, "the relay stamping the mirror"
+        )
+        for name in ("server", "worker"):
+            self.parts[name].start()
+
+    def supervise(self) -> None:
+        for part in self.parts.values():
+            part.supervise()
+        if self.s3.proc is None or self.s3.proc.poll() is not None:
+            self.s3.proc = None
+            self.s3.start()
+
+    def finished(self) -> bool:
+        return self.parts["trainer"].done
+
+    def stop(self) -> None:
+        for name in ("worker", "server", "relay", "trainer"):
+            self.parts[name].stop()
+        self.s3.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None when it raised (a probe of something that may be down)."""
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _until(
+    cond: Callable[[], bool], timeout_s: float, what: str, tick: Callable[[], None] | None = None
+) -> float:
+    """Wait for ``cond`` (calling ``tick`` meanwhile); seconds waited; TimeoutError naming ``what``."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"chaos: {what} did not happen within {timeout_s:.0f} s")
+        if tick is not None:
+            tick()
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------------------ kills and probes
+def max_step(run: ChaosRun) -> int:
+    from shipyard.metrics.logger import read_metrics
+
+    path = run.work / "runs" / RUN / "metrics.jsonl"
+    return max((r["step"] for r in read_metrics(path) if r.get("kind") == "train"), default=0)
+
+
+def batches(run: ChaosRun) -> int:
+    return len(_quiet(lambda: run.origin().list("rollouts/w0/")) or [])
+
+
+def _health(run: ChaosRun) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{run.port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _latest(store_fn: Callable[[], Any]) -> int:
+    from shipyard.weights.versions import latest_version
+
+    return _quiet(lambda: latest_version(store_fn())) or -1
+
+
+def sandboxes(run: ChaosRun) -> list[int]:
+    """Pids of the bwrap processes of the worker's sandboxes (children of the worker)."""
+    worker = run.parts["worker"].proc
+    if worker is None:
+        return []
+    return [pid for pid, cmd in _descendants(worker.pid, _procs()) if "bwrap" in cmd.split(" ", 1)[0]]
+
+
+def kill(run: ChaosRun, kind: str) -> Callable[[], bool]:
+    """SIGKILL one component of ``kind``; returns the probe that says it recovered."""
+    if kind in ("trainer", "server", "worker", "relay"):
+        before = {"trainer": max_step, "worker": batches}.get(kind, lambda r: 0)(run)
+        origin_latest = _latest(run.origin)
+        run.parts[kind].kill()
+        probes: dict[str, Callable[[], bool]] = {
+            "trainer": lambda: run.finished() or max_step(run) > before,
+            "server": lambda: run.parts["server"].alive() and _health(run),
+            "worker": lambda: batches(run) > before,
+            "relay": lambda: run.parts["relay"].alive() and _latest(run.mirror) >= origin_latest,
+        }
+        return probes[kind]
+    if kind == "s3":
+        assert run.s3.proc is not None
+        os.killpg(run.s3.proc.pid, signal.SIGKILL)
+        run.s3.proc.wait()
+        return lambda: _quiet(lambda: run.origin().list("control/")) is not None
+    if kind == "postgres":
+        old = set(postmasters())
+        for pid in old:
+            os.kill(pid, signal.SIGKILL)
+        return lambda: bool(set(postmasters()) - old)
+    assert kind == "sandbox", kind
+    before = batches(run)
+    pid = sandboxes(run)[0]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    return lambda: batches(run) > before
+
+
+def ready(run: ChaosRun, kind: str) -> bool:
+    """Whether a component of ``kind`` is there to kill now (a postmaster or a sandbox may not be)."""
+    if kind == "postgres":
+        return bool(postmasters())
+    if kind == "sandbox":
+        return bool(sandboxes(run))
+    if kind == "s3":
+        return run.s3.proc is not None
+    return run.parts[kind].alive()
+
+
+def chaos(run: ChaosRun, rounds: int) -> tuple[list[dict[str, Any]], float]:
+    """``rounds`` rounds over :data:`KINDS` (each round in a seeded random order): wait for the kind to
+    be there, a random 0.5-3 s, SIGKILL it, wait for its recovery. Returns the kills and the seconds."""
+    kills: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for r in range(rounds):
+        order = list(KINDS)
+        run.rng.shuffle(order)
+        for kind in order:
+            if run.finished():
+                raise RuntimeError(f"chaos: the run finished before round {r + 1} ended; raise --steps")
+            _until(lambda k=kind: ready(run, k), 300, f"a {kind} to kill", run.supervise)
+            deadline = time.monotonic() + run.rng.uniform(0.5, 3.0)
+            _until(lambda d=deadline: time.monotonic() >= d, 10, "the delay", run.supervise)
+            if not ready(run, kind):
+                continue  # gone meanwhile (a session ended): the next round has it
+            t_kill = time.monotonic()
+            probe = kill(run, kind)
+            recovery = _until(probe, 600, f"recovery of the {kind}", run.supervise)
+            kills.append({"kind": kind, "round": r, "at_s": t_kill - t0, "recovery_s": recovery})
+            print(f"killed {kind:8s} at {t_kill - t0:6.1f} s, recovered in {recovery:5.1f} s", flush=True)
+    return kills, time.monotonic() - t0
+
+
+def orphaned(store: Any) -> list[str]:
+    """Objects under ``weights/`` that no committed version names (shards of publishes that never
+    committed, or of versions half deleted)."""
+    from shipyard.weights.types import SUBSCRIBERS_PREFIX, version_dir
+    from shipyard.weights.versions import read_manifests
+
+    manifests = read_manifests(store)
+    named = {f"{version_dir(v)}/manifest.json" for v in manifests}
+    for v, m in manifests.items():
+        named |= {f"{version_dir(v)}/{s.name}" for enc in m.encodings.values() for s in enc.shards}
+    keys = [
+        k for k in store.list("weights/") if k != "weights/LATEST" and not k.startswith(SUBSCRIBERS_PREFIX)
+    ]
+    return [k for k in keys if k not in named]
+
+
+def audit(run: ChaosRun) -> dict[str, Any]:
+    """The invariants after the run: versions, groups, leaks, orphans (module doc)."""
+    from collections import Counter
+
+    from shipyard.metrics.logger import read_metrics
+    from shipyard.weights.versions import read_manifest
+
+    origin = run.origin()
+    consumed = {
+        r["step"]: r
+        for r in read_metrics(run.work / "runs" / RUN / "metrics.jsonl")
+        if r.get("kind") == "consumed"
+    }
+    lost = [
+        s
+        for s in range(1, run.steps + 1)
+        if s not in consumed
+        or _quiet(lambda s=s: read_manifest(origin, s).state_digest) != consumed[s]["digest"]
+    ]
+    groups = Counter(g for r in consumed.values() for g in r["groups"])
+    return {
+        "steps_trained": len(consumed),
+        "lost_versions": len(lost),
+        "double_trained_groups": sum(n - 1 for n in groups.values() if n > 1),
+        "orphaned_store_objects": len(orphaned(origin)) + len(orphaned(run.mirror())),
+        **leaks(run.work, {pid for part in run.parts.values() for pid in part.pids}),
+    }
+
+
+def leaks(work: Path, pids: set[int]) -> dict[str, int]:
+    """Sandboxes, clusters and processes the run's components (``pids``, every incarnation) left."""
+    import re
+
+    tmp = [Path(tempfile.gettempdir()), Path("/var/tmp")]
+    owned = re.compile(r"^shipyard-(?:sb|grade|pg)-(\d+)-")
+    dirs = [
+        d for t in tmp if t.is_dir() for d in t.iterdir() if (m := owned.match(d.name)) and int(m[1]) in pids
+    ]
+    alive = [
+        (pid, cmd)
+        for pid, _, cmd in _procs()
+        if pid != os.getpid() and (str(work) in cmd or any(str(d) in cmd for d in dirs))
+    ]
+    return {
+        "leaked_sandboxes": sum("shipyard-pg-" not in d.name for d in dirs),
+        "leaked_processes": len(alive) + sum("shipyard-pg-" in d.name for d in dirs),
+    }
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--rounds", type=int, default=None, help="rounds over the 7 kinds (default 3, --quick 1)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps (default: enough for the rounds)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    rounds = args.rounds or (1 if args.quick else 3)
+    steps = args.steps or 40 * rounds
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        figures = run_chaos(Path(tmp), rounds, steps, args.seed)
+    table(
+        "chaos: recovery after SIGKILL, per component kind",
+        {
+            k: {"kills": figures["kinds"][k], "max recovery s": figures["max_recovery_s"][k]}
+            for k in figures["kinds"]
+        },
+    )
+    table("chaos: invariants (all 0)", {"": {k: figures[k] for k in INVARIANTS}})
+    write_results(args, "chaos", figures)
+
+
+INVARIANTS = (
+    "lost_versions",
+    "double_trained_groups",
+    "leaked_sandboxes",
+    "leaked_processes",
+    "orphaned_store_objects",
+)
+
+
+def run_chaos(work: Path, rounds: int, steps: int, seed: int) -> dict[str, Any]:
+    """Start the run, kill ``rounds`` x 7 times, let it finish, stop it, audit it; the figures."""
+    run = ChaosRun(work, steps, seed)
+    try:
+        run.start()
+        kills, chaos_s = chaos(run, rounds)
+        finish_s = _until(run.finished, 1800, "the run finishing its steps", run.supervise)
+    finally:
+        run.stop()
+    kinds: dict[str, list[float]] = {}
+    for k in kills:
+        kinds.setdefault(k["kind"], []).append(k["recovery_s"])
+    return {
+        "kills": len(kills),
+        "kinds": {k: len(v) for k, v in kinds.items()},
+        "max_recovery_s": {k: max(v) for k, v in kinds.items()},
+        "restarts": {name: part.restarts for name, part in run.parts.items()},
+        "steps": steps,
+        "chaos_s": chaos_s,
+        "finish_s": finish_s,
+        "kill_log": kills,
+        **audit(run),
+    }
+
+
+if __name__ == "__main__":
+    main()
