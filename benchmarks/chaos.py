@@ -9,7 +9,7 @@ SIGKILL at a random moment: the trainer, the inference server, the rollout worke
 S3 server (restarted on its data), the PostgreSQL postmaster (the pool replaces it) and the process
 tree of one sandbox (the session is recorded as crashed). After each kill the next waits until that
 component has recovered: the trainer trained another step, the server answers ``/health``, the
-worker wrote another batch, the relay caught up with the origin, S3 lists again, a new postmaster
+worker wrote another batch, the relay mirrored the next version, S3 lists again, a new postmaster
 serves, the worker wrote another batch. The run must then finish all its steps.
 
 Figures (``benchmarks/results/chaos.json``): ``kills`` (count) and ``kinds`` (count per kind),
@@ -25,8 +25,8 @@ is the same code path as a restart, but it is not what this measures).
 
 Usage::
 
-    .venv/bin/python benchmarks/chaos.py            # 3 rounds over the 7 kinds (21 kills)
-    .venv/bin/python benchmarks/chaos.py --quick    # 1 round (7 kills)
+    .venv/bin/python benchmarks/chaos.py            # 3 rounds over the 7 kinds (21 kills), ~6 min
+    .venv/bin/python benchmarks/chaos.py --quick    # 1 round (7 kills), ~3 min: S3 alone takes ~25 s to return
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class Component:
         return self.proc is not None and self.proc.poll() is None
 
     def supervise(self) -> None:
-        """Restart the process if it died (not if it finished with status 0)."""
+        """Restart the process if it died (not if it finished with status 0: the trainer after its
+        last step, a worker after the trainer said the run is finished)."""
         if self.proc is None or self.done or self.alive():
             return
-        if self.proc.returncode == 0 and self.name == "trainer":
+        if self.proc.returncode == 0:
             self.done = True
             return
         self.restarts += 1
@@ -127,12 +128,13 @@ def _descendants(root: int, procs: list[tuple[int, int, str]]) -> list[tuple[int
     return out
 
 
-def postmasters() -> list[int]:
-    """Pids of the postmasters of Shipyard's PostgreSQL clusters."""
+def postmasters(owners: list[int]) -> list[int]:
+    """Pids of the postmasters of the PostgreSQL clusters that processes ``owners`` started."""
+    names = tuple(f"shipyard-pg-{pid}-" for pid in owners)
     return [
         pid
         for pid, _, cmd in _procs()
-        if "/postgres " in cmd and " -D " in cmd and "shipyard-pg-" in cmd and "postgres:" not in cmd
+        if "/postgres " in cmd and " -D " in cmd and any(n in cmd for n in names) and "postgres:" not in cmd
     ]
 
 
@@ -171,6 +173,7 @@ class ChaosRun:
             "sandbox.pool.warm=1",
         ]
         self.parts: dict[str, Component] = {}
+        self._origin: Any = None
 
     def _cli(self, command: str, *extra: str) -> list[str]:
         return [
@@ -184,6 +187,12 @@ class ChaosRun:
         ]
 
     def origin(self) -> Any:
+        """The run's view of the origin store (opened once, once the run is claimed)."""
+        if self._origin is None:
+            self._origin = self._open_origin()
+        return self._origin
+
+    def _open_origin(self) -> Any:
         from shipyard.config.schema import StoreConfig
         from shipyard.store.run import open_run
 
@@ -244,10 +253,11 @@ class ChaosRun:
     def finished(self) -> bool:
         return self.parts["trainer"].done
 
-    def stop(self) -> None:
+    def stop_components(self) -> None:
+        """Stop the run's processes (SIGTERM: each cleans up); the store stays up for the audit."""
         for name in ("worker", "server", "relay", "trainer"):
-            self.parts[name].stop()
-        self.s3.stop()
+            if name in self.parts:
+                self.parts[name].stop()
 
 
 def _free_port() -> int:
@@ -326,19 +336,23 @@ def kill(run: ChaosRun, kind: str) -> Callable[[], bool]:
             "trainer": lambda: run.finished() or max_step(run) > before,
             "server": lambda: run.parts["server"].alive() and _health(run),
             "worker": lambda: batches(run) > before,
-            "relay": lambda: run.parts["relay"].alive() and _latest(run.mirror) >= origin_latest,
+            "relay": lambda: (
+                run.finished() or _latest(run.mirror) > origin_latest
+            ),  # the next version arrived
         }
         return probes[kind]
     if kind == "s3":
         assert run.s3.proc is not None
         os.killpg(run.s3.proc.pid, signal.SIGKILL)
         run.s3.proc.wait()
+        run.s3.stop()  # the process is gone: this removes its sockets; the supervisor starts it again
         return lambda: _quiet(lambda: run.origin().list("control/")) is not None
     if kind == "postgres":
-        old = set(postmasters())
+        owners = run.parts["worker"].pids
+        old = set(postmasters(owners))
         for pid in old:
             os.kill(pid, signal.SIGKILL)
-        return lambda: bool(set(postmasters()) - old)
+        return lambda: bool(set(postmasters(owners)) - old)
     assert kind == "sandbox", kind
     before = batches(run)
     pid = sandboxes(run)[0]
@@ -350,7 +364,7 @@ def kill(run: ChaosRun, kind: str) -> Callable[[], bool]:
 def ready(run: ChaosRun, kind: str) -> bool:
     """Whether a component of ``kind`` is there to kill now (a postmaster or a sandbox may not be)."""
     if kind == "postgres":
-        return bool(postmasters())
+        return bool(postmasters(run.parts["worker"].pids))
     if kind == "sandbox":
         return bool(sandboxes(run))
     if kind == "s3":
@@ -423,12 +437,13 @@ def audit(run: ChaosRun) -> dict[str, Any]:
         "lost_versions": len(lost),
         "double_trained_groups": sum(n - 1 for n in groups.values() if n > 1),
         "orphaned_store_objects": len(orphaned(origin)) + len(orphaned(run.mirror())),
-        **leaks(run.work, {pid for part in run.parts.values() for pid in part.pids}),
+        **leaks(run.work, {pid for part in run.parts.values() for pid in part.pids}, run.s3.proc),
     }
 
 
-def leaks(work: Path, pids: set[int]) -> dict[str, int]:
-    """Sandboxes, clusters and processes the run's components (``pids``, every incarnation) left."""
+def leaks(work: Path, pids: set[int], store: subprocess.Popen[bytes] | None) -> dict[str, Any]:
+    """Sandboxes, clusters and processes the run's components (``pids``, every incarnation) left
+    (the S3 server ``store``, still up for the audit, aside)."""
     import re
 
     tmp = [Path(tempfile.gettempdir()), Path("/var/tmp")]
@@ -436,14 +451,18 @@ def leaks(work: Path, pids: set[int]) -> dict[str, int]:
     dirs = [
         d for t in tmp if t.is_dir() for d in t.iterdir() if (m := owned.match(d.name)) and int(m[1]) in pids
     ]
+    spared = (
+        {pid for pid, _ in _descendants(store.pid, _procs())} | {store.pid} if store is not None else set()
+    )
     alive = [
-        (pid, cmd)
+        f"{pid} {cmd[:200]}"
         for pid, _, cmd in _procs()
-        if pid != os.getpid() and (str(work) in cmd or any(str(d) in cmd for d in dirs))
+        if pid != os.getpid() and pid not in spared and (str(work) in cmd or any(str(d) in cmd for d in dirs))
     ]
     return {
         "leaked_sandboxes": sum("shipyard-pg-" not in d.name for d in dirs),
         "leaked_processes": len(alive) + sum("shipyard-pg-" in d.name for d in dirs),
+        "leaked": alive + [str(d) for d in dirs],
     }
 
 
@@ -453,8 +472,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: enough for the rounds)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stopped benchmark stops its run too
     rounds = args.rounds or (1 if args.quick else 3)
-    steps = args.steps or 40 * rounds
+    steps = args.steps or 60 * rounds
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         figures = run_chaos(Path(tmp), rounds, steps, args.seed)
     table(
@@ -484,8 +504,11 @@ def run_chaos(work: Path, rounds: int, steps: int, seed: int) -> dict[str, Any]:
         run.start()
         kills, chaos_s = chaos(run, rounds)
         finish_s = _until(run.finished, 1800, "the run finishing its steps", run.supervise)
+        run.stop_components()
+        invariants = audit(run)
     finally:
-        run.stop()
+        run.stop_components()
+        run.s3.stop()
     kinds: dict[str, list[float]] = {}
     for k in kills:
         kinds.setdefault(k["kind"], []).append(k["recovery_s"])
@@ -498,7 +521,7 @@ def run_chaos(work: Path, rounds: int, steps: int, seed: int) -> dict[str, Any]:
         "chaos_s": chaos_s,
         "finish_s": finish_s,
         "kill_log": kills,
-        **audit(run),
+        **invariants,
     }
 
 

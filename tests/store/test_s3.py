@@ -148,3 +148,30 @@ def test_a_server_that_never_answers_times_out_naming_the_key() -> None:
         srv.close()
         for c in held:
             c.close()
+
+
+def test_an_unreachable_server_is_an_oserror_naming_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relays and subscribers retry on OSError: a store that cannot be reached must raise one
+    (ConnectionError when refused, TimeoutError when the client's retries outlast the deadline),
+    naming the key, never the client library's own exception."""
+    import socket
+
+    from shipyard.config.schema import StoreConfig
+    from shipyard.store import open_store
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("SHIPYARD_TEST_S3_KEY", "x")
+    monkeypatch.setenv("SHIPYARD_TEST_S3_SECRET", "x")
+    cfg = StoreConfig(
+        type="s3",
+        root="nobody-home/x",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        key_env="SHIPYARD_TEST_S3_KEY",
+        secret_env="SHIPYARD_TEST_S3_SECRET",
+        timeout_s=5,
+    )
+    with pytest.raises(OSError, match=r"store call on 'nobody-home' under nobody-home/x") as e:
+        open_store(cfg)
+    assert isinstance(e.value, ConnectionError | TimeoutError)

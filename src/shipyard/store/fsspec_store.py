@@ -9,7 +9,10 @@ versions another process wrote).
 
 Every call has a deadline: ``timeout_s`` per ``connections`` parts it moves (at least one), after
 which it raises ``TimeoutError`` naming the key, so a server that accepts a request and never
-answers (SeaweedFS with its disk full does) fails the caller instead of blocking it forever.
+answers (SeaweedFS with its disk full does) fails the caller instead of blocking it forever. A
+server that cannot be reached (refused, reset, DNS) raises ``ConnectionError`` naming the key and
+the root, never a client library's own exception, so callers that retry on ``OSError`` (relays,
+subscribers) keep going while the store is down.
 
 Limits: atomicity is the backend's (true for S3 PUT and multipart complete; not for a plain
 local filesystem, which is why ``type = "local"`` uses :class:`~shipyard.store.local.LocalStore`).
@@ -18,6 +21,8 @@ Credentials come from the environment variables named in the config, never from 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 from typing import Any
@@ -106,6 +111,23 @@ class FsspecStore:
                 f"store call on {key!r} under {self.root} got no answer within {deadline:.0f} s "
                 "(store.timeout_s per round of parts): is the server up, and does it have disk space?"
             ) from None
+        except _network_errors() as e:
+            raise ConnectionError(f"store call on {key!r} under {self.root} failed: {e}") from e
+
+
+@functools.cache
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The client libraries' exceptions for a server that cannot be reached (botocore, aiohttp)."""
+    found: list[type[BaseException]] = []
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import BotoCoreError
+
+        found.append(BotoCoreError)
+    with contextlib.suppress(ImportError):
+        from aiohttp import ClientError
+
+        found.append(ClientError)
+    return tuple(found)
 
 
 def s3_store(

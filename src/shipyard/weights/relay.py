@@ -362,6 +362,10 @@ class WeightRelay:
         self._thread.start()
         return self
 
+    def alive(self) -> bool:
+        """Whether the background thread of :meth:`start` is still following the origin."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._follower is not None:
@@ -430,6 +434,10 @@ def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None
             for err in relay.errors[errors:]:
                 console.print(f"[yellow]{err}")
             errors = len(relay.errors)
+            if not relay.alive():  # an error it cannot retry: exit, so a supervisor starts it again
+                raise RuntimeError(
+                    f"relay {r.region}: its sync thread died; last errors: {relay.errors[-3:]}"
+                )
             if (t_end is not None and time.monotonic() >= t_end) or (stop is not None and stop.is_set()):
                 break
             time.sleep(0.05)

@@ -21,14 +21,13 @@ from types import TracebackType
 
 from shipyard.config.schema import ServicesConfig
 from shipyard.envs.services.base import SERVICE_NAMES, Service, ServiceLease, check_services
+from shipyard.envs.services.postgres import PostgresService, reap_stale_clusters
 from shipyard.envs.types import Task
 
 
 def make_service(name: str, cfg: ServicesConfig) -> Service:
     """The implementation of service ``name`` (one of :data:`SERVICE_NAMES`)."""
     if name == "postgres":
-        from shipyard.envs.services.postgres import PostgresService  # the server stack, on first use
-
         return PostgresService(cfg.postgres)
     raise ValueError(f"unknown service {name!r} in task.services; known services are {list(SERVICE_NAMES)}")
 
@@ -38,6 +37,7 @@ class ServicePool:
 
     def __init__(self, cfg: ServicesConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else ServicesConfig()
+        reap_stale_clusters(self.cfg.postgres)  # servers of pools whose process was killed
         self._services: dict[str, Service] = {}
         self._lock = threading.Lock()
 

@@ -178,6 +178,23 @@ def reap_stale(bin_dir: str, parents: list[str], run_as: list[str]) -> int:
     return n
 
 
+def _runs_as(cfg: PostgresConfig) -> tuple[pwd.struct_passwd, list[str], str]:
+    """(the user the server runs as, the command prefix that runs as it, the clusters' parent dir)."""
+    user = pwd.getpwnam(cfg.run_as) if os.getuid() == 0 else pwd.getpwuid(os.getuid())
+    runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+    run_as = [runuser, "-u", user.pw_name, "--"] if os.getuid() == 0 else []
+    return user, run_as, _parent_dir(cfg, user.pw_uid)
+
+
+def reap_stale_clusters(cfg: PostgresConfig) -> int:
+    """Stop and remove the clusters of processes that died without closing them (once per process;
+    a pool calls it when it starts, so a killed worker's server does not outlive it for long)."""
+    if postgres_available(cfg) is not None:
+        return 0
+    _, run_as, parent = _runs_as(cfg)
+    return _reap_once(find_bin_dir(cfg.bin_dir) or "", parent, tuple(run_as))
+
+
 @functools.lru_cache(maxsize=4)
 def _reap_once(bin_dir: str, parent: str, run_as: tuple[str, ...]) -> int:
     return reap_stale(bin_dir, [parent], list(run_as))
@@ -200,10 +217,7 @@ class PostgresService:
         self.bin_dir = find_bin_dir(self.cfg.bin_dir) or ""
         own_psql = os.path.join(self.bin_dir, "psql")
         self.psql_bin = own_psql if os.access(own_psql, os.X_OK) else shutil.which("psql") or "psql"
-        user = pwd.getpwnam(self.cfg.run_as) if os.getuid() == 0 else pwd.getpwuid(os.getuid())
-        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-        self._run_as = [runuser, "-u", user.pw_name, "--"] if os.getuid() == 0 else []
-        parent = _parent_dir(self.cfg, user.pw_uid)
+        user, self._run_as, parent = _runs_as(self.cfg)
         _reap_once(self.bin_dir, parent, tuple(self._run_as))
         self.root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent)
         self._finalizer = weakref.finalize(self, _stop_cluster, self.bin_dir, self.root, self._run_as)
