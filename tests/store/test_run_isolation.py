@@ -179,3 +179,27 @@ def test_runs_are_disjoint_on_s3_and_the_mirror_keeps_the_identity(
     b_in_place_of_a = type(a.identity)(name="a", run_id=b.identity.run_id, created_at=0.0)
     with pytest.raises(RunStoreError, match="relay.mirror.root"):
         mirror_run(mirror_cfg, b_in_place_of_a)
+
+
+def test_the_before_evaluation_scores_only_the_runs_own_base(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A run whose store already holds a trained version (resumed) and no eval_before.json does not
+    score whatever the servers follow as its "before": it says so and skips the comparison; a run
+    with its eval_before.json reuses it."""
+    import json
+
+    import torch
+
+    from shipyard.orchestrate.train import _eval_once
+    from shipyard.weights.publisher import WeightPublisher
+
+    store = stamp_new_run(LocalStore(tmp_path / "store"), "r")
+    cfg = _cfg(tmp_path, "r")
+    pub = WeightPublisher(store)
+    pub.publish(0, {"w": torch.zeros(4)})
+    pub.publish(1, {"w": torch.ones(4)})
+    assert _eval_once(tmp_path / "eval_before.json", None, [], cfg, store) is None
+    assert "skipped: this run resumed at version 1" in capsys.readouterr().out.replace("\n", " ")
+    saved = {"task_ids": ["a"], "passed": [1], "rewards": [1.0], "errors": 0}
+    (tmp_path / "eval_before.json").write_text(json.dumps(saved))
+    reused = _eval_once(tmp_path / "eval_before.json", None, [], cfg, store)
+    assert reused is not None and reused.passed == [1]
