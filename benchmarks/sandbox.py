@@ -87,14 +87,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shipyard.agent.session import RUN_VISIBLE, workspace_files
+from shipyard.agent.session import workspace_files
 from shipyard.config.schema import SandboxConfig, SandboxPoolConfig
 from shipyard.envs.grading.anticheat import detect
 from shipyard.envs.grading.grader import grade
 from shipyard.envs.sandbox import BwrapSandbox, agent, sandbox_available
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.sandbox.reaper import descendants, leftovers
-from shipyard.envs.tasks.functions import generated_tasks
+from shipyard.envs.tasks.functions import RUN_VISIBLE, generated_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = SandboxConfig(timeout_s=20)

@@ -1,15 +1,8 @@
 """The action format parser: unnamed and named writes, per-kind defaults, write-path rules."""
 
-from shipyard.agent.actions import (
-    ALWAYS_PROTECTED,
-    REMINDER,
-    SYSTEM_PROMPT,
-    check_write_path,
-    clip_output,
-    parse_action,
-    reminder,
-    system_prompt,
-)
+from shipyard.agent.actions import ALWAYS_PROTECTED, check_write_path, parse_action
+from shipyard.envs.tasks.functions import REMINDER, SYSTEM_PROMPT
+from shipyard.envs.tasks.kinds import clip_output, task_kind
 
 
 def test_python_block_writes_solution() -> None:
@@ -57,8 +50,10 @@ def test_function_task_format_is_unchanged() -> None:
         "No action found. Reply with a ```python block holding the complete solution.py, "
         "a ```bash block with one command, or SUBMIT."
     )
-    assert system_prompt("function") == SYSTEM_PROMPT and reminder("function") == REMINDER
-    assert system_prompt("db") != SYSTEM_PROMPT and "```python src/app.py" in system_prompt("repo")
+    function = task_kind("function")
+    assert function.system_prompt() == SYSTEM_PROMPT and function.reminder() == REMINDER
+    assert task_kind("db").system_prompt() != SYSTEM_PROMPT
+    assert "```python src/app.py" in task_kind("repo").system_prompt()
     # unnamed blocks parse for function tasks exactly as before named writes existed
     assert parse_action("```python\nx = 1\n```").path == "solution.py"
     assert parse_action("```\ndef g():\n    pass\n```").path == "solution.py"

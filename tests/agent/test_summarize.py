@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.agent.actions import REMINDER, clip_output
 from shipyard.agent.session import ChatFrame, SessionSpec, first_message, run_session, session_seed
 from shipyard.agent.spec import run_grader, run_sandbox
 from shipyard.agent.summarize import SUMMARY_HEADER, carried_state, resume_message, rollout_summary_metrics
@@ -24,6 +23,8 @@ from shipyard.config.schema import (
     SummaryConfig,
 )
 from shipyard.envs.sandbox import BwrapSandbox
+from shipyard.envs.tasks.functions import REMINDER
+from shipyard.envs.tasks.kinds import clip_output
 from shipyard.envs.types import Task
 from shipyard.inference.client import LocalInferenceClient
 from shipyard.inference.engine import EmbeddedEngine

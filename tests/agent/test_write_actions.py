@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from shipyard.agent.actions import FILES_REMINDER, FILES_SYSTEM_PROMPT
 from shipyard.agent.session import (
     ChatFrame,
     SessionSpec,
@@ -24,6 +23,7 @@ from shipyard.envs.environment import Environment
 from shipyard.envs.services.postgres import postgres_available
 from shipyard.envs.tasks.db import db_tasks
 from shipyard.envs.tasks.functions import generated_tasks
+from shipyard.envs.tasks.kinds import FILES_REMINDER, FILES_SYSTEM_PROMPT
 from shipyard.envs.tasks.long import long_tasks
 from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
 from shipyard.envs.types import Task

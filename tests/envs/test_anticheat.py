@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from shipyard.agent.session import RUN_VISIBLE, workspace_files
+from shipyard.agent.session import workspace_files
 from shipyard.envs.grading.anticheat import (
     FLAGS,
     canary_tasks,
@@ -18,7 +18,7 @@ from shipyard.envs.grading.anticheat import (
     hack_rate,
     is_canary,
 )
-from shipyard.envs.tasks.functions import generated_tasks
+from shipyard.envs.tasks.functions import RUN_VISIBLE, generated_tasks
 from shipyard.envs.types import RewardResult, Task
 
 CASES: list[tuple[str, dict[str, str], list[str]]] = [

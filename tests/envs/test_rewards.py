@@ -21,7 +21,8 @@ from shipyard.config.schema import JudgeConfig, ModelConfig, RewardsConfig, Sand
 from shipyard.envs.grading.judge import RubricJudge, parse_scores
 from shipyard.envs.grading.rewards import component_metrics, composite, needed
 from shipyard.envs.services.pool import ServicePool
-from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
+from shipyard.envs.tasks.grade import hidden_tests_reward
+from shipyard.envs.tasks.kinds import GradingContext
 from shipyard.envs.tasks.repo import RepoCache
 from shipyard.envs.types import Task
 from shipyard.inference.engine import EmbeddedEngine

@@ -8,7 +8,8 @@ The policy acts by writing one of (first match wins, in this order):
      ```` ```python pkg/util.py ````) or is the path alone (```` ```migration.sql ````): its content
      replaces that file (``lang:path`` is read the same way);
    - a block without a path whose language has a default file for the task kind
-     (:data:`DEFAULT_FILES`): ```` ```python ```` writes ``solution.py`` on function tasks (a bare
+     (the kind's ``default_files()``, :mod:`shipyard.envs.tasks.kinds`): ```` ```python ```` writes
+     ``solution.py`` on function tasks (a bare
      ```` ``` ```` block whose body contains ``def `` counts too, so a small model that forgets the
      language tag is not punished for formatting alone), ```` ```sql ```` writes ``migration.sql``
      on db tasks. A ```` ```python ```` block without a path on a repo task is a write with no file
@@ -38,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from shipyard.envs.tasks.kinds import task_kind
+
 ActionKind = Literal["write", "run", "submit", "none"]
 
 _FENCE = re.compile(r"```([^\n`]*)\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -53,13 +56,6 @@ _LANGS = {
 _SHELLS = ("bash", "sh", "shell", "console")
 _LANG_TOKEN = re.compile(r"[A-Za-z0-9_+-]*")
 
-DEFAULT_FILES: dict[str, dict[str, str]] = {
-    "function": {"python": "solution.py"},
-    "db": {"sql": "migration.sql"},
-    "repo": {},
-}
-"""Task kind -> language -> the file an unnamed block of that language writes."""
-
 ALWAYS_PROTECTED = (
     "test_visible.py",
     "conftest.py",
@@ -71,35 +67,6 @@ ALWAYS_PROTECTED = (
 """Globs no write may touch on any task (``*`` crosses ``/``); the task's ``protected`` adds to them."""
 MAX_PATH_CHARS = 200
 
-SYSTEM_PROMPT = (
-    "You are a coding agent in a Linux sandbox. Act by replying with exactly one of:\n"
-    "- a ```python block with the complete contents of solution.py (the visible tests then run),\n"
-    "- a ```bash block with one shell command to run,\n"
-    "- SUBMIT on its own line when you are done."
-)
-"""The system prompt of function tasks (unchanged since the first trained runs)."""
-
-FILES_SYSTEM_PROMPT = (
-    "You are a coding agent in a Linux sandbox. Act by replying with exactly one of:\n"
-    "- a fenced block whose first line names the language and the file, e.g. ```python src/app.py, "
-    "holding the complete new contents of that file (relative to the current directory),\n"
-    "- a ```bash block with one shell command to run,\n"
-    "- SUBMIT on its own line when you are done."
-)
-"""The system prompt of db and repo tasks, where the policy writes files by name."""
-
-REMINDER = (
-    "No action found. Reply with a ```python block holding the complete solution.py, "
-    "a ```bash block with one command, or SUBMIT."
-)
-"""The reminder of function tasks (unchanged)."""
-
-FILES_REMINDER = (
-    "No action found. Reply with a fenced block naming the file it writes (e.g. ```python src/app.py), "
-    "a ```bash block with one command, or SUBMIT."
-)
-"""The reminder of db and repo tasks."""
-
 
 @dataclass
 class Action:
@@ -108,16 +75,6 @@ class Action:
     path: str = ""
     """``write``: the workspace path written ("" when the block named none and its language has no
     default file for the task kind)."""
-
-
-def system_prompt(kind: str) -> str:
-    """The system message of a task of ``kind`` (function tasks: :data:`SYSTEM_PROMPT`)."""
-    return SYSTEM_PROMPT if kind == "function" else FILES_SYSTEM_PROMPT
-
-
-def reminder(kind: str) -> str:
-    """The one-line reminder when a turn holds no action."""
-    return REMINDER if kind == "function" else FILES_REMINDER
 
 
 def _info(info: str) -> tuple[str, str]:
@@ -139,7 +96,8 @@ def _info(info: str) -> tuple[str, str]:
 def parse_action(text: str, kind: str = "function") -> Action:
     """The action in one assistant message of a task of ``kind`` (see the module docstring)."""
     blocks = [(*_info(info), body) for info, body in _FENCE.findall(text)]
-    defaults = DEFAULT_FILES.get(kind, {})
+    task = task_kind(kind)
+    defaults = task.default_files()
     for lang, path, body in blocks:
         if lang in _SHELLS:
             continue
@@ -148,7 +106,7 @@ def parse_action(text: str, kind: str = "function") -> Action:
             return Action("write", body.strip("\n") + "\n", path)
         if language in defaults:
             return Action("write", body.strip("\n") + "\n", defaults[language])
-        if kind == "repo" and language == "python":
+        if task.asks_for_path() and language == "python":
             return Action("write", body.strip("\n") + "\n", "")
     for lang, _, body in blocks:
         if lang in _SHELLS:
@@ -184,12 +142,3 @@ def check_write_path(path: str, protected: Sequence[str] = ()) -> str:
             "files are restored before grading); change the code instead."
         )
     return ""
-
-
-def clip_output(text: str, limit: int) -> str:
-    """Keep the head and tail of long tool output, marking what was cut."""
-    if len(text) <= limit:
-        return text
-    head = limit // 3
-    tail = limit - head
-    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"

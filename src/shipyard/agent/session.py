@@ -41,30 +41,14 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from shipyard.agent.actions import (
-    DEFAULT_FILES,
-    SYSTEM_PROMPT,
-    Action,
-    check_write_path,
-    clip_output,
-    parse_action,
-    reminder,
-    system_prompt,
-)
+from shipyard.agent.actions import Action, check_write_path, parse_action
 from shipyard.agent.summarize import SummaryStats, carried_state, resume_message
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, SamplingConfig
+from shipyard.envs.tasks.functions import SYSTEM_PROMPT, VISIBLE_TESTS_FILE
+from shipyard.envs.tasks.kinds import clip_output, task_kind
 from shipyard.envs.types import RewardResult, Sandbox, Task
 from shipyard.inference.types import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
-
-VISIBLE_TESTS_FILE = "test_visible.py"
-RUN_VISIBLE = f"python -m pytest -q -x --no-header -p no:cacheprovider {VISIBLE_TESTS_FILE}"
-MIGRATION_FILE = DEFAULT_FILES["db"]["sql"]
-TRIAL_MIGRATION = f"psql service=db -X -q -v ON_ERROR_STOP=1 -c BEGIN -f {MIGRATION_FILE} -c ROLLBACK"
-"""db tasks: after each write of ``migration.sql`` it runs on the session's database in a transaction
-that is rolled back (a migration that commits by itself is not undone)."""
-REPO_TESTS = "python -m pytest -q tests"
-MAX_LISTED_FILES = 40
 
 
 class ChatFrame:
@@ -135,36 +119,9 @@ def workspace_files(task: Task) -> dict[str, str]:
 
 
 def first_message(task: Task) -> str:
-    """The first user message: the task and, by kind, which file(s) to write and how to check them.
-
-    Function tasks (generated, HumanEval) keep the message the trained runs saw, so their token
-    records are unchanged. Long tasks (``source == "long"``) say how to read the modules first: told
-    only to reply with solution.py, a small policy guesses instead of reading.
-    """
-    if task.kind == "db":
-        return (
-            f"{task.prompt}\n\nWrite the migration in a ```sql block: it becomes {MIGRATION_FILE} "
-            "(a block opened with ```sql NAME.sql writes NAME.sql instead). After each write of "
-            f"{MIGRATION_FILE} it is tried on your database in a transaction that is rolled back, and you "
-            "see the result. Run one command with a ```bash block, e.g. `psql service=db -c '\\d'` or "
-            "`cat schema.sql`. Reply SUBMIT when the migration is done."
-        )
-    if task.kind == "repo":
-        paths = sorted(task.files)
-        listed = "\n".join(paths[:MAX_LISTED_FILES])
-        more = f"\n... and {len(paths) - MAX_LISTED_FILES} more" if len(paths) > MAX_LISTED_FILES else ""
-        return (
-            f"{task.prompt}\n\nFiles:\n{listed}{more}\n\nRead a file with a ```bash block (e.g. `cat README.md`). "
-            "Change a file by replying with a block that names it and holds its complete new contents, "
-            f"e.g. ```python path/to/module.py. Run the tests with `{REPO_TESTS}`. Tests, conftest and "
-            "configuration files are protected. Reply SUBMIT when the issue is resolved."
-        )
-    if task.source == "long":
-        return (
-            f"{task.prompt}\n\nRead one module per reply with a ```bash block (e.g. `cat part_00.py`). "
-            "Once you know every rule and constant, reply with the complete solution.py in a ```python block."
-        )
-    return f"{task.prompt}\n\nReply with the complete solution.py in a ```python block."
+    """The first user message: the task and, by its kind, which file(s) to write and how to check
+    them (:meth:`shipyard.envs.tasks.kinds.TaskKind.first_message`)."""
+    return task_kind(task.kind).first_message(task)
 
 
 @dataclass
@@ -220,7 +177,7 @@ class _Session:
         self.stats = SummaryStats()
         self.finish, self.reward, self.error = "", 0.0, None
         self.reward_info: dict[str, Any] = {}
-        self._open(spec.frame.prompt_ids(first_message(task), system_prompt(task.kind)))
+        self._open(spec.frame.prompt_ids(first_message(task), task_kind(task.kind).system_prompt()))
 
     @property
     def rec(self) -> _Record:
@@ -301,7 +258,7 @@ class _Session:
         summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
         state = carried_state(sb, feedback, cfg, self.task.kind)
         message = resume_message(first_message(self.task), summary, state)
-        self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
+        self._open(self.spec.frame.prompt_ids(message, task_kind(self.task.kind).system_prompt()))
         return True
 
     def _truncate(self, sb: Sandbox, feedback: str) -> bool:
@@ -310,7 +267,7 @@ class _Session:
         self.stats.add(len(self.rec.ids), 0)
         state = carried_state(sb, feedback, self.spec.agent.summary, self.task.kind)
         message = resume_message(first_message(self.task), None, state)
-        self._open(self.spec.frame.prompt_ids(message, system_prompt(self.task.kind)))
+        self._open(self.spec.frame.prompt_ids(message, task_kind(self.task.kind).system_prompt()))
         return True
 
     def graded(self, finish: str, result: RewardResult) -> None:
@@ -355,7 +312,7 @@ def _act(agent: AgentConfig, task: Task, sb: Sandbox, text: str) -> tuple[str, s
     if action.kind == "submit":
         return "", "submit"
     if action.kind == "none":
-        return reminder(task.kind), ""
+        return task_kind(task.kind).reminder(), ""
     if action.kind == "run":
         res = sb.exec(action.content)
         status = "timed out" if res.timed_out else f"exit code {res.returncode}"
@@ -373,22 +330,6 @@ def _write(agent: AgentConfig, task: Task, sb: Sandbox, action: Action) -> tuple
         sb.write(action.path, action.content)
     except ValueError as e:  # e.g. a path through a symlink: refused by the sandbox
         return f"Cannot write {action.path}: {e}", ""
-    path, limit, end = action.path, agent.max_tool_output_chars, agent.end_on_pass
-    if task.kind == "db":
-        if path != MIGRATION_FILE:
-            return f"{path} written.", ""
-        res = sb.exec(TRIAL_MIGRATION)
-        if res.returncode == 0 and not res.timed_out:
-            return f"{path} written. Trial run on your database (rolled back): OK.", "passed" if end else ""
-        status = "timed out" if res.timed_out else f"exit code {res.returncode}"
-        out = clip_output(f"{res.stdout}{res.stderr}\n[{status}]", limit)
-        return f"{path} written. Trial run on your database (rolled back) failed:\n{out}", ""
-    if task.kind != "function":
-        return f"{path} written.", ""
-    if not task.visible_tests:
-        return f"{path} written.", "written" if end and path == "solution.py" else ""
-    res = sb.exec(RUN_VISIBLE)
-    if res.returncode == 0 and not res.timed_out:
-        return f"{path} written. Visible tests passed.", "passed" if end else ""
-    out = clip_output(res.stdout + res.stderr, limit)
-    return f"{path} written. Visible tests failed:\n{out}", ""
+    return task_kind(task.kind).after_write(
+        task, sb, action.path, agent.max_tool_output_chars, agent.end_on_pass
+    )

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shipyard.agent.actions import DEFAULT_FILES, clip_output
 from shipyard.agent.types import Trajectory, group_sessions
 from shipyard.config.schema import SummaryConfig
+from shipyard.envs.tasks.kinds import clip_output, task_kind
 from shipyard.envs.types import Sandbox
 
 SUMMARY_HEADER = "Summary of your work so far:"
@@ -49,40 +49,18 @@ def _clip(text: str, limit: int) -> str:
 def carried_state(sb: Sandbox, last_output: str, cfg: SummaryConfig, kind: str = "function") -> str:
     """The state the harness keeps across a summary (``cfg.keep``), as prompt text ('' if none).
 
-    The ``solution`` item is the task kind's work: ``solution.py`` (function and long tasks),
-    ``migration.sql`` (db tasks), or every file the session changed (repo tasks, from the
-    sandbox's diff against its base); each clipped to ``cfg.state_chars``.
+    The ``solution`` item is the task kind's work (its ``work_state``): ``solution.py`` (function and
+    long tasks), ``migration.sql`` (db tasks), or every file the session changed (repo tasks, from
+    the sandbox's diff against its base); each clipped to ``cfg.state_chars``.
     """
     parts: list[str] = []
     if cfg.state_chars == 0:
         return ""
     if "solution" in cfg.keep:
-        parts.append(_work_state(sb, cfg, kind))
+        parts.append(task_kind(kind).work_state(sb, cfg.state_chars))
     if "last_output" in cfg.keep and last_output:
         parts.append(f"Last tool output:\n{_clip(last_output, cfg.state_chars)}")
     return "\n\n".join(p for p in parts if p)
-
-
-def _work_state(sb: Sandbox, cfg: SummaryConfig, kind: str) -> str:
-    if kind == "repo":
-        diff = sb.diff()
-        if diff.is_empty():
-            return "No file has been changed yet."
-        changed = {**diff.added, **diff.modified}
-        parts = [
-            f"Changed {path}:\n```\n{_clip(text, cfg.state_chars)}\n```" for path, text in changed.items()
-        ]
-        parts += [f"Deleted {path}." for path in diff.deleted]
-        return "\n\n".join(parts)
-    # The kind's default write file (function: solution.py, db: migration.sql) and its language.
-    lang, path = next(iter(DEFAULT_FILES.get(kind, DEFAULT_FILES["function"]).items()))
-    try:
-        text = sb.read(path)
-    except OSError:
-        text = ""
-    if not text:
-        return f"{path} has not been written yet."
-    return f"Current {path}:\n```{lang}\n{_clip(text, cfg.state_chars)}\n```"
 
 
 def resume_message(first_message: str, summary: str | None, state: str) -> str:

@@ -52,7 +52,8 @@ from shipyard.envs.grading.judge import RubricJudge
 from shipyard.envs.grading.rewards import composite, needed
 from shipyard.envs.services.base import ServiceLease, lease_binds, lease_files
 from shipyard.envs.services.pool import ServicePool
-from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
+from shipyard.envs.tasks.grade import hidden_tests_reward
+from shipyard.envs.tasks.kinds import GradingContext, task_kind
 from shipyard.envs.tasks.repo import RepoCache, make_patch
 from shipyard.envs.types import ExecResult, RewardResult, Sandbox, Task
 
@@ -151,9 +152,10 @@ class SessionHooks:
         task, cfg = self.task, self.env.sandbox
         leases = self._lease() if task.services else {}
         files, binds = {**files, **lease_files(leases)}, lease_binds(leases)
-        if task.kind == "repo":
+        base = task_kind(task.kind).workspace_base(task, self.env.repos)
+        if base is not None:  # copy-on-write over the task's tree: only files that differ are written
             extra = {p: t for p, t in files.items() if task.files.get(p) != t}
-            inner: Any = BwrapSandbox(extra, cfg, base=self.env.repos.path(task), binds=binds)
+            inner: Any = BwrapSandbox(extra, cfg, base=base, binds=binds)
         elif leases:
             inner = BwrapSandbox(files, cfg, binds=binds)
         elif self._factory is not None:
@@ -182,7 +184,8 @@ class SessionHooks:
             details["judge"] = {"error": verdict.error, "raw": verdict.raw[-500:]}
         if env.anticheat.detect:
             flags = detect(files, self.commands, original=self.original)
-            self.flags = [f for f in flags if not (task.kind == "repo" and f == "git_history")]
+            ignored = task_kind(task.kind).ignored_flags()
+            self.flags = [f for f in flags if f not in ignored]
             details["flags"] = self.flags
         self.components = components
         details["components"] = components

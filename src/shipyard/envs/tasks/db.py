@@ -35,15 +35,26 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.services.base import lease_binds, lease_files
 from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService
-from shipyard.envs.types import RewardResult, Task
+from shipyard.envs.tasks.kinds import (
+    FILES_REMINDER,
+    FILES_SYSTEM_PROMPT,
+    GradingContext,
+    clip_output,
+    file_state,
+)
+from shipyard.envs.types import RewardResult, Sandbox, Task
+
+if TYPE_CHECKING:
+    from shipyard.envs.tasks.repo import RepoCache
 
 MIGRATION_FILE = "migration.sql"
 """The workspace file the grader applies."""
@@ -410,3 +421,81 @@ def grade_db(task: Task, files: dict[str, str], pool: ServicePool, cfg: SandboxC
         )
         return RewardResult(0.0, 0, len(names), details)
     return RewardResult(passed / len(names), passed, len(names), details)
+
+
+TRIAL_MIGRATION = f"psql service=db -X -q -v ON_ERROR_STOP=1 -c BEGIN -f {MIGRATION_FILE} -c ROLLBACK"
+"""After each write of ``migration.sql`` it runs on the session's database in a transaction that is
+rolled back (a migration that commits by itself is not undone)."""
+_CHECK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+"""A hidden check's name: an SQL identifier (it names a column of the checks' query)."""
+
+
+class DbKind:
+    """Write ``migration.sql`` against a private database clone (tried in a rolled-back transaction
+    after each write); graded by hidden SQL checks on a fresh clone. See :mod:`shipyard.envs.tasks.kinds`."""
+
+    name = "db"
+
+    def system_prompt(self) -> str:
+        return FILES_SYSTEM_PROMPT
+
+    def reminder(self) -> str:
+        return FILES_REMINDER
+
+    def default_files(self) -> dict[str, str]:
+        return {"sql": MIGRATION_FILE}
+
+    def asks_for_path(self) -> bool:
+        return False
+
+    def first_message(self, task: Task) -> str:
+        return (
+            f"{task.prompt}\n\nWrite the migration in a ```sql block: it becomes {MIGRATION_FILE} "
+            "(a block opened with ```sql NAME.sql writes NAME.sql instead). After each write of "
+            f"{MIGRATION_FILE} it is tried on your database in a transaction that is rolled back, and you "
+            "see the result. Run one command with a ```bash block, e.g. `psql service=db -c '\\d'` or "
+            "`cat schema.sql`. Reply SUBMIT when the migration is done."
+        )
+
+    def after_write(
+        self, task: Task, sb: Sandbox, path: str, limit: int, end_on_pass: bool
+    ) -> tuple[str, str]:
+        if path != MIGRATION_FILE:
+            return f"{path} written.", ""
+        res = sb.exec(TRIAL_MIGRATION)
+        if res.returncode == 0 and not res.timed_out:
+            return (
+                f"{path} written. Trial run on your database (rolled back): OK.",
+                "passed" if end_on_pass else "",
+            )
+        status = "timed out" if res.timed_out else f"exit code {res.returncode}"
+        out = clip_output(f"{res.stdout}{res.stderr}\n[{status}]", limit)
+        return f"{path} written. Trial run on your database (rolled back) failed:\n{out}", ""
+
+    def work_state(self, sb: Sandbox, chars: int) -> str:
+        return file_state(sb, MIGRATION_FILE, "sql", chars)
+
+    def check(self, task: Task, where: str) -> None:
+        if "postgres" not in task.services or not task.setup.get("postgres", "").strip():
+            raise ValueError(
+                f"{where}: a db task needs `setup.postgres` (SQL that builds its starting database)"
+            )
+        if not task.hidden_checks:
+            raise ValueError(f"{where}: a db task needs `hidden_checks` (name -> SQL returning one boolean)")
+        bad = [n for n in task.hidden_checks if not _CHECK_NAME.match(n)]
+        if bad:
+            raise ValueError(
+                f"{where}: field `hidden_checks` names {bad} must be identifiers (letters, digits, _)"
+            )
+
+    def workspace_base(self, task: Task, repos: RepoCache) -> str | None:
+        return None
+
+    def ignored_flags(self) -> frozenset[str]:
+        return frozenset()
+
+    def reference_files(self, task: Task) -> dict[str, str]:
+        return {**task.files, MIGRATION_FILE: task.reference}
+
+    def grade(self, task: Task, files: dict[str, str], ctx: GradingContext) -> RewardResult:
+        return grade_db(task, files, ctx.services, ctx.sandbox)

@@ -37,11 +37,10 @@ from typing import Any
 
 from shipyard.config.schema import SandboxConfig, TasksConfig
 from shipyard.envs.services.base import SERVICE_NAMES
-from shipyard.envs.tasks.grade import TASK_KINDS
+from shipyard.envs.tasks.kinds import TASK_KINDS, task_kind
 from shipyard.envs.types import Task
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_CHECK = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _STR, _MAP, _LIST, _INT = "a string", "a table of strings (name -> text)", "a list of strings", "an integer"
 _TYPES: dict[str, str] = {
     "id": _STR,
@@ -118,8 +117,6 @@ def _repo_files(where: str, base: Path, repo: str) -> dict[str, str]:
 
 
 def _check_kind(where: str, task: Task) -> None:
-    from shipyard.envs.grading.grader import expected_tests
-
     if task.kind not in TASK_KINDS:
         raise ValueError(f"{where}: field `kind` = {task.kind!r} must be one of {list(TASK_KINDS)}")
     for name in task.services:
@@ -127,31 +124,7 @@ def _check_kind(where: str, task: Task) -> None:
             raise ValueError(
                 f"{where}: field `services` names unknown service {name!r}; known: {list(SERVICE_NAMES)}"
             )
-    if task.kind == "db":
-        if "postgres" not in task.services or not task.setup.get("postgres", "").strip():
-            raise ValueError(
-                f"{where}: a db task needs `setup.postgres` (SQL that builds its starting database)"
-            )
-        if not task.hidden_checks:
-            raise ValueError(f"{where}: a db task needs `hidden_checks` (name -> SQL returning one boolean)")
-        bad = [n for n in task.hidden_checks if not _CHECK.match(n)]
-        if bad:
-            raise ValueError(
-                f"{where}: field `hidden_checks` names {bad} must be identifiers (letters, digits, _)"
-            )
-        return
-    if not task.hidden_tests.strip():
-        raise ValueError(f"{where}: a {task.kind} task needs `hidden_tests` (Python with test_* functions)")
-    try:
-        names = expected_tests(task.hidden_tests)
-    except ValueError as exc:
-        raise ValueError(f"{where}: field `hidden_tests`: {exc}") from None
-    if not names:
-        raise ValueError(f"{where}: field `hidden_tests` has no top-level test_* function")
-    if task.kind == "repo" and not task.files:
-        raise ValueError(f"{where}: a repo task needs `repo` (a git repository path) or `files`")
-    if task.kind == "function" and not task.entry_point:
-        raise ValueError(f"{where}: a function task needs `entry_point` (the function's name)")
+    task_kind(task.kind).check(task, where)
 
 
 def _task(path: Path, index: int, raw: Any) -> Task:
@@ -227,8 +200,9 @@ def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dic
     ``migration.sql`` for db tasks; every one should earn 1.0.
     """
     from shipyard.envs.services.pool import ServicePool
-    from shipyard.envs.tasks.grade import GradingContext, hidden_tests_reward
-    from shipyard.envs.tasks.repo import RepoCache, apply_patch_locally
+    from shipyard.envs.tasks.grade import hidden_tests_reward
+    from shipyard.envs.tasks.kinds import GradingContext
+    from shipyard.envs.tasks.repo import RepoCache
 
     cfg = cfg if cfg is not None else SandboxConfig()
     out: dict[str, float] = {}
@@ -237,11 +211,7 @@ def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dic
         for task in tasks:
             if not task.reference:
                 continue
-            if task.kind == "repo":
-                files = apply_patch_locally(task.files, task.reference)
-            else:
-                name = "migration.sql" if task.kind == "db" else "solution.py"
-                files = {**task.files, name: task.reference}
+            files = task_kind(task.kind).reference_files(task)
             out[task.id] = hidden_tests_reward(task, files, ctx).reward
     return out
 

@@ -41,10 +41,14 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shipyard.envs.tasks.function_families import FAMILIES, Args, Family, Variant
-from shipyard.envs.types import Task
+from shipyard.envs.tasks.kinds import GradingContext, check_hidden_tests, clip_output, file_state
+from shipyard.envs.types import RewardResult, Sandbox, Task
+
+if TYPE_CHECKING:
+    from shipyard.envs.tasks.repo import RepoCache
 
 _DRAWS = 40
 """Draws tried per family turn before the family counts as exhausted (no new distinct task)."""
@@ -163,3 +167,85 @@ def split_tasks(tasks: Sequence[Task], heldout_frac: float, seed: int) -> tuple[
         rng.shuffle(group)
         held.update(group[: round(heldout_frac * len(group))])
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
+
+
+SYSTEM_PROMPT = (
+    "You are a coding agent in a Linux sandbox. Act by replying with exactly one of:\n"
+    "- a ```python block with the complete contents of solution.py (the visible tests then run),\n"
+    "- a ```bash block with one shell command to run,\n"
+    "- SUBMIT on its own line when you are done."
+)
+"""The system prompt of function tasks (unchanged since the first trained runs)."""
+REMINDER = (
+    "No action found. Reply with a ```python block holding the complete solution.py, "
+    "a ```bash block with one command, or SUBMIT."
+)
+"""The reminder of function tasks (unchanged)."""
+VISIBLE_TESTS_FILE = "test_visible.py"
+RUN_VISIBLE = f"python -m pytest -q -x --no-header -p no:cacheprovider {VISIBLE_TESTS_FILE}"
+"""What runs after each write of a function task with visible tests."""
+
+
+class FunctionKind:
+    """Write ``solution.py`` (generated tasks, long tasks, HumanEval): visible tests run after each
+    write; graded by the two-sandbox hidden-test grader. See :mod:`shipyard.envs.tasks.kinds`."""
+
+    name = "function"
+
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    def reminder(self) -> str:
+        return REMINDER
+
+    def default_files(self) -> dict[str, str]:
+        return {"python": "solution.py"}
+
+    def asks_for_path(self) -> bool:
+        return False
+
+    def first_message(self, task: Task) -> str:
+        """The message the trained runs saw (token records unchanged); long tasks (``source ==
+        "long"``) also say how to read the modules first (told only to reply with solution.py, a
+        small policy guesses instead of reading)."""
+        if task.source == "long":
+            return (
+                f"{task.prompt}\n\nRead one module per reply with a ```bash block (e.g. `cat part_00.py`). "
+                "Once you know every rule and constant, reply with the complete solution.py in a ```python block."
+            )
+        return f"{task.prompt}\n\nReply with the complete solution.py in a ```python block."
+
+    def after_write(
+        self, task: Task, sb: Sandbox, path: str, limit: int, end_on_pass: bool
+    ) -> tuple[str, str]:
+        if not task.visible_tests:
+            return f"{path} written.", "written" if end_on_pass and path == "solution.py" else ""
+        res = sb.exec(RUN_VISIBLE)
+        if res.returncode == 0 and not res.timed_out:
+            return f"{path} written. Visible tests passed.", "passed" if end_on_pass else ""
+        out = clip_output(res.stdout + res.stderr, limit)
+        return f"{path} written. Visible tests failed:\n{out}", ""
+
+    def work_state(self, sb: Sandbox, chars: int) -> str:
+        return file_state(sb, "solution.py", "python", chars)
+
+    def check(self, task: Task, where: str) -> None:
+        check_hidden_tests(task, where)
+        if not task.entry_point:
+            raise ValueError(f"{where}: a function task needs `entry_point` (the function's name)")
+
+    def workspace_base(self, task: Task, repos: RepoCache) -> str | None:
+        return None
+
+    def ignored_flags(self) -> frozenset[str]:
+        return frozenset()
+
+    def reference_files(self, task: Task) -> dict[str, str]:
+        return {**task.files, "solution.py": task.reference}
+
+    def grade(self, task: Task, files: dict[str, str], ctx: GradingContext) -> RewardResult:
+        if ctx.function_grader is not None:
+            return ctx.function_grader(task, files)
+        from shipyard.envs.grading.grader import grade
+
+        return grade(task, files, ctx.sandbox)

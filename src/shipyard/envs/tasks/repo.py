@@ -49,7 +49,14 @@ from types import TracebackType
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox.base import diff_files
-from shipyard.envs.types import RewardResult, Task
+from shipyard.envs.tasks.kinds import (
+    FILES_REMINDER,
+    FILES_SYSTEM_PROMPT,
+    GradingContext,
+    check_hidden_tests,
+    clip_output,
+)
+from shipyard.envs.types import RewardResult, Sandbox, Task
 
 PROTECTED = ["tests/*", "conftest.py", "*/conftest.py", "pyproject.toml", "setup.cfg", "setup.py", "*.ini"]
 """Default ``Task.protected`` of repo tasks: restored from the task before grading."""
@@ -595,3 +602,70 @@ def apply_patch_locally(files: Mapping[str, str], patch: str) -> dict[str, str]:
         return repo_text_files(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+REPO_TESTS = "python -m pytest -q tests"
+"""How the first message tells the policy to run a repository's tests."""
+MAX_LISTED_FILES = 40
+"""Most workspace paths the first message lists."""
+
+
+class RepoKind:
+    """Fix a repository (files written by name, copy-on-write over the squashed repository); graded by
+    applying the session's diff to a fresh copy. See :mod:`shipyard.envs.tasks.kinds`."""
+
+    name = "repo"
+
+    def system_prompt(self) -> str:
+        return FILES_SYSTEM_PROMPT
+
+    def reminder(self) -> str:
+        return FILES_REMINDER
+
+    def default_files(self) -> dict[str, str]:
+        return {}
+
+    def asks_for_path(self) -> bool:
+        return True
+
+    def first_message(self, task: Task) -> str:
+        paths = sorted(task.files)
+        listed = "\n".join(paths[:MAX_LISTED_FILES])
+        more = f"\n... and {len(paths) - MAX_LISTED_FILES} more" if len(paths) > MAX_LISTED_FILES else ""
+        return (
+            f"{task.prompt}\n\nFiles:\n{listed}{more}\n\nRead a file with a ```bash block (e.g. `cat README.md`). "
+            "Change a file by replying with a block that names it and holds its complete new contents, "
+            f"e.g. ```python path/to/module.py. Run the tests with `{REPO_TESTS}`. Tests, conftest and "
+            "configuration files are protected. Reply SUBMIT when the issue is resolved."
+        )
+
+    def after_write(
+        self, task: Task, sb: Sandbox, path: str, limit: int, end_on_pass: bool
+    ) -> tuple[str, str]:
+        return f"{path} written.", ""
+
+    def work_state(self, sb: Sandbox, chars: int) -> str:
+        diff = sb.diff()
+        if diff.is_empty():
+            return "No file has been changed yet."
+        changed = {**diff.added, **diff.modified}
+        parts = [f"Changed {path}:\n```\n{clip_output(text, chars)}\n```" for path, text in changed.items()]
+        parts += [f"Deleted {path}." for path in diff.deleted]
+        return "\n\n".join(parts)
+
+    def check(self, task: Task, where: str) -> None:
+        check_hidden_tests(task, where)
+        if not task.files:
+            raise ValueError(f"{where}: a repo task needs `repo` (a git repository path) or `files`")
+
+    def workspace_base(self, task: Task, repos: RepoCache) -> str | None:
+        return repos.path(task)
+
+    def ignored_flags(self) -> frozenset[str]:
+        return frozenset({"git_history"})
+
+    def reference_files(self, task: Task) -> dict[str, str]:
+        return apply_patch_locally(task.files, task.reference)
+
+    def grade(self, task: Task, files: dict[str, str], ctx: GradingContext) -> RewardResult:
+        return grade_repo(task, files, ctx.sandbox, ctx.repos)
