@@ -137,8 +137,11 @@ def test_config_correction_windows_and_type_defaults() -> None:
     assert LossConfig(type="grpo").clip_range() == (0.2, 0.2)
     assert LossConfig(type="gspo").clip_range() == (3e-4, 4e-4)
     assert LossConfig(type="gspo", clip_high=1e-3).clip_range() == (3e-4, 1e-3)
-    assert LossConfig(type="dr_grpo").use_std() is False and LossConfig(type="grpo").use_std() is True
-    assert LossConfig(type="dr_grpo", scale_std=True).use_std() is True
+    assert (
+        LossConfig(type="dr_grpo").reward_scaling() == "none"
+        and LossConfig(type="grpo").reward_scaling() == "group"
+    )
+    assert LossConfig(type="dr_grpo", scale_rewards="group").reward_scaling() == "group"
 
 
 def test_default_config_reproduces_the_original_grpo_loss() -> None:
@@ -234,7 +237,7 @@ def test_group_advantages_rloo_and_overlong_penalty() -> None:
     rloo_G = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), scale_std=False, baseline="rloo")
     torch.testing.assert_close(rloo_G, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
     scaled_G = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), baseline="rloo")
-    torch.testing.assert_close(scaled_G, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]) / (0.5 + 1e-6))
+    torch.testing.assert_close(scaled_G, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]) / (0.5 + 1e-4))
     assert torch.equal(group_advantages(torch.ones(3), baseline="rloo"), torch.zeros(3))
     # L_max = 10, L_cache = 4: free up to 6, then (6 - L) / 4, -1 beyond 10
     penalty_N = overlong_penalty(torch.tensor([5, 6, 8, 10, 11]), max_tokens=10, cache_tokens=4)
@@ -262,7 +265,30 @@ def test_batch_advantages_filter_penalty_and_type_defaults() -> None:
     assert len(uniform.trajectories) == 2 and uniform.advantages == [0.0, 0.0]
     assert uniform.stats["dropped_groups"] == 1.0
     plain = batch_advantages(groups, LossConfig())  # no filter, no penalty, std-scaled group mean
-    assert plain.advantages == pytest.approx([0.0, 0.0, -0.5 / (0.5 + 1e-6), 0.5 / (0.5 + 1e-6)])
+    assert plain.advantages == pytest.approx([0.0, 0.0, -0.5 / (0.5 + 1e-4), 0.5 / (0.5 + 1e-4)])
+
+
+def test_reward_scaling_group_batch_none_and_the_eps() -> None:
+    """TRL's three scale_rewards choices on one step: a near-tie group and a solved/failed group."""
+    near, split = [_traj("n", 0.500, 3), _traj("n", 0.501, 3)], [_traj("s", 0.0, 3), _traj("s", 1.0, 3)]
+    adv = {
+        mode: batch_advantages([near, split], LossConfig(scale_rewards=mode)).advantages
+        for mode in ("group", "batch", "none")
+    }
+    # group: each group by its own std (+ eps 1e-4): the near-tie is blown up to +-0.83
+    assert adv["group"] == pytest.approx(
+        [-0.0005 / 0.0006, 0.0005 / 0.0006, -0.5 / 0.5001, 0.5 / 0.5001], rel=1e-3
+    )
+    # batch: centred per group, divided by the std of all four rewards (0.354...): the near-tie stays small
+    batch_std = torch.tensor([0.5, 0.501, 0.0, 1.0]).std(correction=0).item()
+    want = [-0.0005, 0.0005, -0.5, 0.5]
+    assert adv["batch"] == pytest.approx([a / (batch_std + 1e-4) for a in want], rel=1e-3)
+    assert abs(adv["batch"][0]) < 0.002
+    assert adv["none"] == pytest.approx(want, rel=1e-3)
+    # the old eps: the near-tie as large as solved against failed
+    old = batch_advantages([near], LossConfig(scale_rewards="group", std_eps=1e-6)).advantages
+    assert old == pytest.approx([-0.998, 0.998], abs=1e-3)
+    assert LossConfig(type="dr_grpo").reward_scaling() == "none" and LossConfig().reward_scaling() == "group"
 
 
 def test_loss_config_validates_and_loads_from_toml_overrides() -> None:

@@ -89,7 +89,9 @@ def test_groups_are_normalised_over_sessions_not_segments(loss: LossConfig) -> N
     assert seg.stats == pytest.approx(flat.stats)
     assert seg.advantages[0] != seg.advantages[1]  # the group is not uniform: a real signal
     if loss.overlong_max_tokens is None:  # 2 sessions, rewards 0 and 1: exactly GRPO's two-sample advantages
-        two = group_advantages(torch.tensor([0.0, 1.0]), scale_std=loss.use_std(), baseline=loss.baseline)
+        two = group_advantages(
+            torch.tensor([0.0, 1.0]), scale_std=loss.reward_scaling() == "group", baseline=loss.baseline
+        )
         assert seg.advantages[:6] == pytest.approx([two[0].item()] + [two[1].item()] * 5)
 
 

@@ -282,19 +282,19 @@ class RolloutConfig(_Section):
 
 
 class LossConfig(_Section):
-    """The policy loss family. Unset `clip_low`, `clip_high` and `scale_std` take the loss type's
-    defaults from `TYPE_DEFAULTS`, read only through `clip_range()` and `use_std()` (the one place they
+    """The policy loss family. Unset `clip_low`, `clip_high` and `scale_rewards` take the loss type's
+    defaults from `TYPE_DEFAULTS`, read only through `clip_range()` and `reward_scaling()` (the one place they
     are derived; no validator rewrites a field). Formulas: `shipyard.trainer.loss` and
     `shipyard.trainer.corrections`."""
 
-    TYPE_DEFAULTS: ClassVar[dict[str, tuple[float, float, bool]]] = {
-        "grpo": (0.2, 0.2, True),
-        "dapo": (0.2, 0.28, True),
-        "dr_grpo": (0.2, 0.2, False),
-        "gspo": (3e-4, 4e-4, True),
-        "cispo": (1.0, 4.0, True),
+    TYPE_DEFAULTS: ClassVar[dict[str, tuple[float, float, str]]] = {
+        "grpo": (0.2, 0.2, "group"),
+        "dapo": (0.2, 0.28, "group"),
+        "dr_grpo": (0.2, 0.2, "none"),
+        "gspo": (3e-4, 4e-4, "group"),
+        "cispo": (1.0, 4.0, "group"),
     }
-    """Per loss type: (clip_low, clip_high, scale_std) used where those fields are unset."""
+    """Per loss type: (clip_low, clip_high, scale_rewards) used where those fields are unset."""
 
     type: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = "dapo"
     """Policy loss. `grpo`: clipped token surrogate, token mean per sequence then mean over sequences;
@@ -303,8 +303,17 @@ class LossConfig(_Section):
     sequence ratio exp(mean log r); `cispo`: stop-gradient clipped IS weight x A x log pi, token mean."""
     baseline: Literal["group_mean", "rloo"] = "group_mean"
     """Advantage baseline within a group: the group mean, or RLOO's leave-one-out mean of the others."""
-    scale_std: bool | None = None
-    """Divide advantages by the group's reward std; unset = the type's default (false for dr_grpo)."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """How centred rewards (reward minus the group baseline) are scaled, as TRL's `scale_rewards`:
+    `group`: divided by the group's reward std (GRPO); `batch`: by the std of every reward of the
+    step (more robust when a group's rewards are nearly equal); `none`: not scaled (Dr.GRPO).
+    Unset = the type's default (`none` for dr_grpo, else `group`). A group whose rewards are all
+    equal gets zero advantages in every mode."""
+    std_eps: float = Field(1e-4, gt=0)
+    """Added to the std before dividing (TRL's value; it was 1e-6). Group scaling blows near-ties up:
+    a group of continuous rewards 0.500 and 0.501 gets advantages of ±0.998 with eps 1e-6 (as large
+    as solved against failed), ±0.83 with 1e-4; `batch` scaling avoids it (there ±0.001 / the step's
+    std). On binary rewards (std near 0.5) the eps changes advantages by 0.02%."""
     clip_low: float | None = Field(None, ge=0, le=1)
     """Ratio clip below 1 (epsilon_low; 1 = no lower bound); unset = the type's default: 0.2, gspo 3e-4,
     cispo 1."""
@@ -370,9 +379,9 @@ class LossConfig(_Section):
             high if self.clip_high is None else self.clip_high,
         )
 
-    def use_std(self) -> bool:
-        """Whether advantages are divided by the group std: `scale_std`, else the type's default."""
-        return self.TYPE_DEFAULTS[self.type][2] if self.scale_std is None else self.scale_std
+    def reward_scaling(self) -> str:
+        """`group`, `batch` or `none`: `scale_rewards`, else the type's default."""
+        return self.TYPE_DEFAULTS[self.type][2] if self.scale_rewards is None else self.scale_rewards
 
     def correction_bounds(self) -> tuple[float, float]:
         """(low, high) window of the selected correction on rho (tis / decoupled: (0, cap); none: (0, inf))."""

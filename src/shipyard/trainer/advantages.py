@@ -10,8 +10,9 @@ Contract:
 - :func:`overlong_penalty` is DAPO's soft overlong punishment on a session's sampled-token count
   ``L`` (eq. 13 of arXiv:2503.14476): 0 for ``L <= L_max - L_cache``,
   ``((L_max - L_cache) - L) / L_cache`` up to ``L_max``, -1 beyond.
-- :func:`batch_advantages` applies the configured penalty, filter and baseline to the groups of
-  one step and returns the trajectories to train on, their advantages and counters
+- :func:`batch_advantages` applies the configured penalty, filter, baseline and scaling
+  (``trainer.loss.scale_rewards``: ``group`` std, ``batch`` std of every reward of the step, as TRL,
+  or ``none``; ``std_eps`` added to the std) to the groups of one step and returns the trajectories to train on, their advantages and counters
   (``dropped_groups``, ``overlong_penalty_mean``). If the filter would drop every group, all of
   them come back with zero advantages (still counted as dropped): the step then measures the
   mismatch and changes nothing, instead of having no batch at all.
@@ -60,7 +61,7 @@ Baseline = Literal["group_mean", "rloo"]
 
 
 def group_advantages(
-    rewards_G: Tensor, scale_std: bool = True, eps: float = 1e-6, baseline: Baseline = "group_mean"
+    rewards_G: Tensor, scale_std: bool = True, eps: float = 1e-4, baseline: Baseline = "group_mean"
 ) -> Tensor:
     """Advantages of one group: ``(r - b) / (std + eps)``, or ``r - b`` without std (see module doc)."""
     if rewards_G.dim() != 1 or rewards_G.numel() == 0:
@@ -133,8 +134,13 @@ def batch_advantages(
         trajs = [t for g in groups for t in g]
         return BatchAdvantages(trajs, [0.0] * len(trajs), stats)
     trajs, advs = [], []
+    scaling = cfg.reward_scaling()
+    batch_std = torch.cat(kept_rewards).std(correction=0) if scaling == "batch" else None
     for sessions, rewards_G in zip(kept, kept_rewards, strict=True):
-        adv_G = group_advantages(rewards_G, scale_std=cfg.use_std(), baseline=cfg.baseline).tolist()
+        adv_G = group_advantages(rewards_G, scaling == "group", cfg.std_eps, cfg.baseline)
+        if batch_std is not None:
+            adv_G = adv_G / (batch_std + cfg.std_eps)
+        adv_G = adv_G.tolist()
         for segments, adv in zip(sessions, adv_G, strict=True):
             trajs += segments
             advs += [adv] * len(segments)
