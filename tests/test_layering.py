@@ -32,8 +32,8 @@ LAYERS: dict[str, int] = {
 """Layer of each top-level package (docs/design.md, "Layers"); a new package must be placed here."""
 
 ENVS_INNER: dict[str, set[str]] = {
-    "sandbox": {"sandbox", "types"},
-    "services": {"services", "types"},
+    "sandbox": {"sandbox", "types", "processes"},
+    "services": {"services", "types", "processes"},
     "grading": {"grading", "sandbox", "types"},
     "tasks": {"tasks", "grading", "sandbox", "services", "types"},
 }

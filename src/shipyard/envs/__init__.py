@@ -8,7 +8,8 @@ Packages, each a reader can find by name:
   LLM-as-judge rubrics, reward-hacking detectors and canaries;
 - ``tasks/``: the task kinds (generated functions, long tasks, database migrations, repository
   fixes, HumanEval, task files), the ``tests`` reward of each kind, and the train/held-out splits;
-- ``environment.py``: one pool's sandboxes, services and rewards for every task kind.
+- ``environment.py``: one pool's sandboxes, services and rewards for every task kind;
+- ``processes.py``: process facts sandbox and services share (is a pid alive).
 
 Promises: deterministic task generation from seeds; grading never runs in the session's sandbox.
 Does not cover: playing a session (``shipyard.agent``), or anything about models and weights.

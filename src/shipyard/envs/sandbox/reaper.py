@@ -17,21 +17,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 
+from shipyard.envs.processes import pid_alive
 from shipyard.envs.sandbox.cgroups import Cgroups, candidate_parents
 from shipyard.envs.sandbox.process import _kill_group
 from shipyard.envs.sandbox.session import _Session
 
 _OWNED = re.compile(r"^shipyard-(?:sb|grade)-(\d+)-")
-
-
-def _dead(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def reap_stale() -> int:
@@ -47,7 +38,7 @@ def reap_stale() -> int:
     for parent in candidate_parents():
         for name in os.listdir(parent):
             m = _OWNED.match(name)
-            if m and _dead(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(parent, name))  # fails (and stays) if not empty
                     removed += 1
@@ -55,7 +46,7 @@ def reap_stale() -> int:
     for name in os.listdir(tmp):
         m = _OWNED.match(name)
         path = os.path.join(tmp, name)
-        if m and _dead(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
+        if m and not pid_alive(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
             with contextlib.suppress(OSError):  # another process may be reaping it too
                 _release(_Resources(path, Cgroups()))
                 removed += 1

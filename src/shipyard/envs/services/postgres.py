@@ -62,6 +62,7 @@ import weakref
 from types import TracebackType
 
 from shipyard.config.schema import PostgresConfig
+from shipyard.envs.processes import pid_alive
 from shipyard.envs.services.base import ServiceLease
 from shipyard.envs.types import Task
 
@@ -156,23 +157,13 @@ def _kill_postmaster(data: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_stale(bin_dir: str, parents: list[str], run_as: list[str]) -> int:
     """Stop and remove clusters under ``parents`` whose owning process is gone; returns how many."""
     n = 0
     for parent in parents:
         for root in glob.glob(os.path.join(parent, f"{_PREFIX}*-*")):
             pid = os.path.basename(root)[len(_PREFIX) :].split("-")[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 _stop_cluster(bin_dir, root, run_as)
                 n += 1
     return n
@@ -322,7 +313,7 @@ class PostgresService:
         """Whether the cluster's postmaster is running (its pid from ``postmaster.pid``)."""
         try:
             with open(os.path.join(self.data, "postmaster.pid")) as f:
-                return self._finalizer.alive and _alive(int(f.readline()))
+                return self._finalizer.alive and pid_alive(int(f.readline()))
         except (OSError, ValueError):
             return False
 
