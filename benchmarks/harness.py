@@ -67,7 +67,7 @@ def machine() -> dict[str, Any]:
 
 
 def table(title: str, rows: dict[str, dict[str, Any]]) -> None:
-    """Print ``rows`` (row name -> column -> value) as one table; floats to 3 significant digits."""
+    """Print ``rows`` (row name -> column -> value) as one table (floats: see :func:`_fmt`)."""
     cols: list[str] = []
     for r in rows.values():
         cols += [c for c in r if c not in cols]
@@ -81,7 +81,10 @@ def table(title: str, rows: dict[str, dict[str, Any]]) -> None:
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    """Floats: whole numbers from 100 up, else 3 significant digits."""
+    if isinstance(v, float):
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v)
 
 
 def write_results(args: argparse.Namespace, name: str, figures: dict[str, Any]) -> Path:

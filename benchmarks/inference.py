@@ -23,21 +23,21 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, table, write_results  # noqa: E402
 
 TASKS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -116,9 +116,8 @@ def run_hf(
     return tokens, wall, ended
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="batch 4, 32 tokens, one round (< 1 minute)")
+def _args() -> argparse.Namespace:
+    ap = parser(__doc__)
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     ap.add_argument("--batch", type=int, default=None, help="sequences per batch (default 16, quick 4)")
     ap.add_argument(
@@ -129,73 +128,66 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     ap.add_argument("--cache-dir", default="~/.cache/shipyard/models")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="default benchmarks/results/inference.json (--quick: inference_quick.json)",
-    )
     args = ap.parse_args()
-    args.out = args.out or f"benchmarks/results/inference{'_quick' if args.quick else ''}.json"
-    batch = args.batch or (4 if args.quick else 16)
-    max_tokens = args.max_tokens or (32 if args.quick else 256)
-    repeats = args.repeats or (1 if args.quick else 2)
-    if batch < 1 or max_tokens < 1 or repeats < 1 or args.threads < 1:
+    args.batch = args.batch or (4 if args.quick else 16)
+    args.max_tokens = args.max_tokens or (32 if args.quick else 256)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    if min(args.batch, args.max_tokens, args.repeats, args.threads) < 1:
         raise ValueError("--batch, --max-tokens, --repeats and --threads must be >= 1")
-    torch.set_num_threads(args.threads)
+    return args
 
+
+def measure(args: argparse.Namespace) -> dict[str, list[tuple[int, float, int]]]:
+    """Alternating rounds of the engine and ``generate`` on the same prompts: (tokens, wall s, EOS rows)."""
+    torch.set_num_threads(args.threads)
     model, tok = load_model(ModelConfig(source=args.model, cache_dir=args.cache_dir))
-    engine = EmbeddedEngine(model, tok, max_batch=batch)
+    engine = EmbeddedEngine(model, tok, max_batch=args.batch)
     eos, pad = sorted(engine.eos_ids), engine.pad_id
-    prompts = chat_prompts(tok, batch)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=max_tokens)
+    prompts = chat_prompts(tok, args.batch)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
     warm = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=4)
     run_engine(engine, prompts, warm, 0)
     run_hf(model, prompts, warm, eos, pad, 0)
-
     rounds: dict[str, list[tuple[int, float, int]]] = {"engine": [], "hf": []}
-    for r in range(repeats):
+    for r in range(args.repeats):
         rounds["engine"].append(run_engine(engine, prompts, params, 1000 * r))
         rounds["hf"].append(run_hf(model, prompts, params, eos, pad, 1000 * r))
+    return rounds
+
+
+def main() -> None:
+    args = _args()
+    rounds = measure(args)
     best = {k: max(v, key=lambda x: x[0] / x[1]) for k, v in rounds.items()}
     tps = {k: v[0] / v[1] for k, v in best.items()}
-
-    table = Table(
-        title=f"Batched sampling, {args.model}, batch {batch}, max_tokens {max_tokens}, {args.threads} threads"
-    )
-    for col in ("system", "tokens", "wall s", "tokens/s", "rows ended by EOS", "rounds (tokens/s)"):
-        table.add_column(col, justify="right" if col != "system" else "left")
-    for key, label in (("engine", "shipyard EmbeddedEngine"), ("hf", "transformers generate")):
-        toks, wall, ended = best[key]
-        per_round = ", ".join(f"{t / w:.1f}" for t, w, _ in rounds[key])
-        table.add_row(label, str(toks), f"{wall:.2f}", f"{tps[key]:.1f}", f"{ended}/{batch}", per_round)
-    console = Console()
-    console.print(table)
+    rows = {
+        label: {
+            "tokens": best[key][0],
+            "wall s": best[key][1],
+            "tokens/s": tps[key],
+            "rows ended by EOS": f"{best[key][2]}/{args.batch}",
+            "rounds (tokens/s)": ", ".join(f"{t / w:.1f}" for t, w, _ in rounds[key]),
+        }
+        for key, label in (("engine", "shipyard EmbeddedEngine"), ("hf", "transformers generate"))
+    }
+    title = f"Batched sampling, {args.model}, batch {args.batch}, max_tokens {args.max_tokens}, {args.threads} threads"
+    table(title, rows)
     speedup = tps["engine"] / tps["hf"]
-    console.print(f"speedup (engine / HF): [bold]{speedup:.2f}x[/bold]")
-
+    print(f"speedup (engine / HF): {speedup:.2f}x")
     result = {
         "engine_tokens_per_s": round(tps["engine"], 2),
         "hf_generate_tokens_per_s": round(tps["hf"], 2),
         "speedup": round(speedup, 3),
-        "model": args.model,
-        "batch": batch,
-        "max_tokens": max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "threads": args.threads,
-        "repeats": repeats,
-        "quick": args.quick,
+        **{
+            k: getattr(args, k)
+            for k in ("model", "batch", "max_tokens", "temperature", "top_p", "threads", "repeats")
+        },
         "rounds": {
             k: [{"tokens": t, "wall_s": round(w, 3), "eos_rows": e} for t, w, e in v]
             for k, v in rounds.items()
         },
-        "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, python {platform.python_version()}",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    write_results(args, "inference", result)
 
 
 if __name__ == "__main__":

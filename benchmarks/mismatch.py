@@ -923,7 +923,7 @@ def write_json(out: Path, result: dict[str, Any], console: Console) -> None:
     console.print(f"wrote {out}")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 training steps, 8 samples (about a minute idle)")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default 200, quick 20)")
@@ -946,6 +946,13 @@ def main() -> None:
         default=None,
         help="default mismatch.json (--sweep: mismatch_sweep.json) in benchmarks/results; --quick: *_quick.json",
     )
+    _sweep_args(ap)
+    _sampler_args(ap)
+    return ap
+
+
+def _sweep_args(ap: argparse.ArgumentParser) -> None:
+    """Options of ``--sweep`` (the router-shape sweep)."""
     ap.add_argument(
         "--sweep",
         action="store_true",
@@ -973,6 +980,10 @@ def main() -> None:
         help="--sweep: score this pretrained MoE checkpoint (HF directory; Qwen3-MoE, Mixtral or DeepSeek-V3 "
         "class) as it is, instead of training the tiny shapes",
     )
+
+
+def _sampler_args(ap: argparse.ArgumentParser) -> None:
+    """Which sampler variants, the fp32 breakdown and the SmolLM2 figures."""
     ap.add_argument(
         "--samplers",
         default=None,
@@ -991,10 +1002,10 @@ def main() -> None:
         default=None,
         help="held-out prompts sampled on SmolLM2-135M for its fp32-head figures (default 16, quick 0 = off)",
     )
-    args = ap.parse_args()
-    if args.sweep:
-        sweep_main(args)
-        return
+
+
+def _resolve(args: argparse.Namespace) -> None:
+    """Defaults that depend on ``--quick``; ValueError for bad values."""
     if args.smollm2 is None:
         args.smollm2 = 0 if args.quick else 16
     if args.breakdown is None:
@@ -1012,6 +1023,14 @@ def main() -> None:
     args.det_samples = args.det_samples or (4 if args.quick else 16)
     if min(args.steps, args.samples, args.max_tokens) < 1 or args.det_samples < 2:
         raise ValueError("--steps, --samples and --max-tokens must be >= 1, --det-samples >= 2")
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.sweep:
+        sweep_main(args)
+        return
+    _resolve(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     console = Console(width=None if Console().is_terminal else 160)

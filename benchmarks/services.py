@@ -30,23 +30,22 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
-from rich.table import Table
 
 from shipyard.config.schema import PostgresConfig, SandboxConfig
 from shipyard.envs.services.pool import ServicePool
 from shipyard.envs.services.postgres import PostgresService, postgres_available
 from shipyard.envs.tasks.db import MIGRATION_FILE, db_tasks, grade_db
 from shipyard.envs.types import Task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, table, write_results  # noqa: E402
 
 
 def setup_sql(rows: int) -> str:
@@ -114,9 +113,8 @@ def grade_times(pool: ServicePool, tasks: list[Task]) -> tuple[list[float], int]
     return times, passed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8 rollouts, 5k rows, 1 cluster run (< 1 minute)")
+def _args() -> argparse.Namespace:
+    ap = parser(__doc__)
     ap.add_argument("--rollouts", type=int, default=None, help="rollouts per method (default 40, quick 8)")
     ap.add_argument(
         "--rows", type=int, default=None, help="rows of the task table (default 20000, quick 5000)"
@@ -124,20 +122,17 @@ def main() -> None:
     ap.add_argument(
         "--cluster-runs", type=int, default=None, help="cluster-per-rollout runs (default 3, quick 1)"
     )
-    ap.add_argument(
-        "--out", default=None, help="default benchmarks/results/services.json (--quick: services_quick.json)"
-    )
     args = ap.parse_args()
-    args.out = args.out or f"benchmarks/results/services{'_quick' if args.quick else ''}.json"
-    n = args.rollouts or (8 if args.quick else 40)
-    rows = args.rows or (5000 if args.quick else 20000)
-    cluster_n = args.cluster_runs or (1 if args.quick else 3)
-    problem = postgres_available()
-    if problem is not None:
-        raise SystemExit(problem)
-    sql = setup_sql(rows)
+    args.rollouts = args.rollouts or (8 if args.quick else 40)
+    args.rows = args.rows or (5000 if args.quick else 20000)
+    args.cluster_runs = args.cluster_runs or (1 if args.quick else 3)
+    return args
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The figures of one run, and the raw per-rollout timings of the three methods."""
+    sql = setup_sql(args.rows)
     task = Task("bench", "", "", kind="db", services=["postgres"], setup={"postgres": sql})
-    console = Console(width=None if Console().is_terminal else 200)
     with ServicePool() as pool:
         start_ms = timed(lambda: pool.get("postgres"))
         pg = pool.get("postgres")
@@ -145,14 +140,14 @@ def main() -> None:
         build_ms = timed(lambda: pg.template(sql))
         template = pg.template(sql)
         before = pg.checksum(template)
-        leases, releases = clone_rollouts(pg, task, n)
+        leases, releases = clone_rollouts(pg, task, args.rollouts)
         unchanged = pg.checksum(template) == before
-        setups = setup_rollouts(pg, sql, n)
+        setups = setup_rollouts(pg, sql, args.rollouts)
         migrations = db_tasks(7 if args.quick else 14, seed=0)
         grades, passed = grade_times(pool, migrations)
         leaked = [d for d in pg.databases() if d.startswith("r_")]
-    clusters = cluster_rollouts(sql, cluster_n)
-    result = {
+    clusters = cluster_rollouts(sql, args.cluster_runs)
+    figures = {
         "pool_start_ms": start_ms,
         "template_build_ms": build_ms,
         "clone_p50_ms": statistics.median(leases),
@@ -165,35 +160,38 @@ def main() -> None:
         "grade_db_references_passed": f"{passed}/{len(migrations)}",
         "template_unchanged": unchanged,
         "leaked_databases": len(leaked),
-        "config": {"rollouts": n, "rows": rows, "cluster_runs": cluster_n, "quick": args.quick},
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-        f"load avg {os.getloadavg()[0]:.1f}",
+        "config": {"rollouts": args.rollouts, "rows": args.rows, "cluster_runs": args.cluster_runs},
+        "load_avg": os.getloadavg()[0],
     }
-    table = Table(title=f"fresh database per rollout ({rows} rows + index; {n} rollouts)")
-    for col in ("method", "p50 ms", "p99 ms", "runs"):
-        table.add_column(col, justify="right" if col != "method" else "left")
-    table.add_row(
-        "clone from template (ours)", f"{result['clone_p50_ms']:.0f}", f"{result['clone_p99_ms']:.0f}", str(n)
+    return figures, {"clone": leases, "setup": setups, "cluster": clusters}
+
+
+def main() -> None:
+    args = _args()
+    problem = postgres_available()
+    if problem is not None:
+        raise SystemExit(problem)
+    r, times = measure(args)
+    runs = {"clone": args.rollouts, "setup": args.rollouts, "cluster": args.cluster_runs}
+    labels = {
+        "clone": "clone from template (ours)",
+        "setup": "create + run setup SQL",
+        "cluster": "cluster per rollout",
+    }
+    table(
+        f"fresh database per rollout ({args.rows} rows + index; {args.rollouts} rollouts)",
+        {
+            labels[k]: {"p50 ms": statistics.median(v), "p99 ms": pct(v, 0.99), "runs": runs[k]}
+            for k, v in times.items()
+        },
     )
-    table.add_row(
-        "create + run setup SQL", f"{result['setup_p50_ms']:.0f}", f"{pct(setups, 0.99):.0f}", str(n)
+    print(
+        f"pool start {r['pool_start_ms']:.0f} ms, template build {r['template_build_ms']:.0f} ms, release p50 "
+        f"{r['release_p50_ms']:.0f} ms, grade_db p50 {r['grade_db_p50_ms']:.0f} ms "
+        f"({r['grade_db_references_passed']} references pass), template unchanged: {r['template_unchanged']}, "
+        f"leaked databases: {r['leaked_databases']}"
     )
-    table.add_row(
-        "cluster per rollout", f"{result['cluster_p50_ms']:.0f}", f"{pct(clusters, 0.99):.0f}", str(cluster_n)
-    )
-    console.print(table)
-    console.print(
-        f"pool start {start_ms:.0f} ms, template build {build_ms:.0f} ms, release p50 {result['release_p50_ms']:.0f} ms, "
-        f"grade_db p50 {result['grade_db_p50_ms']:.0f} ms ({passed}/{len(migrations)} references pass), "
-        f"template unchanged: {unchanged}, leaked databases: {len(leaked)}"
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}, indent=1)
-        + "\n"
-    )
-    console.print(f"wrote {out}")
+    write_results(args, "services", {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
 
 
 if __name__ == "__main__":

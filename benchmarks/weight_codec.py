@@ -35,11 +35,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -57,6 +56,9 @@ from shipyard.models.loading import load_model
 from shipyard.weights.codec import describe_blob
 from shipyard.weights.order import MinorityIndex
 from shipyard.weights.states import decode_state, encode_state, entropy_bound, tensor_digest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, write_results  # noqa: E402
 
 SNIPPETS = [
     "def add(a, b):\n    return a + b\n",
@@ -458,9 +460,8 @@ def rounded(x: Any) -> Any:
     return x
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny models, 5 steps (< 1 minute)")
+def _args() -> argparse.Namespace:
+    ap = parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per chain (default 20, quick 5)")
     ap.add_argument("--batch", type=int, default=2, help="snippets per step")
     ap.add_argument("--max-len", type=int, default=64, help="tokens per snippet")
@@ -470,31 +471,26 @@ def main() -> None:
         "--workers", type=int, default=os.cpu_count() or 1, help="codec threads for the parallel measurement"
     )
     ap.add_argument("--no-zipnn", action="store_true", help="skip the ZipNN baseline")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="default benchmarks/results/weight_codec.json (--quick: weight_codec_quick.json)",
-    )
     args = ap.parse_args()
-    args.out = args.out or f"benchmarks/results/weight_codec{'_quick' if args.quick else ''}.json"
     args.steps = args.steps or (5 if args.quick else 20)
     if args.steps < 2 or min(args.batch, args.threads, args.workers) < 1 or args.max_len < 2:
         raise ValueError("--steps and --max-len must be >= 2; --batch, --threads and --workers >= 1")
-    lrs = [float(x) for x in args.lrs.split(",")]
+    return args
+
+
+def main() -> None:
+    args = _args()
     zipnn_ok, zipnn_note = zipnn_status()
     with_zipnn = zipnn_ok and not args.no_zipnn
-    models = [("tiny-moe", ModelConfig(source="tiny", tiny="moe"))]
-    models.insert(
-        0, ("tiny-dense", ModelConfig(source="tiny")) if args.quick else ("SmolLM2-135M", ModelConfig())
-    )
+    models = [("tiny-dense", ModelConfig(source="tiny")) if args.quick else ("SmolLM2-135M", ModelConfig())]
+    models.append(("tiny-moe", ModelConfig(source="tiny", tiny="moe")))
     console = Console(width=None if Console().is_terminal else 200)
     console.print(f"ZipNN: {'measured' if with_zipnn else 'skipped'} - {zipnn_note}")
     chains = []
     for name, cfg in models:
-        for lr in lrs:
-            chain = run_chain(cfg, name, lr, args, with_zipnn)
-            console.print(step_table(chain))
-            chains.append(chain)
+        for lr in (float(x) for x in args.lrs.split(",")):
+            chains.append(run_chain(cfg, name, lr, args, with_zipnn))
+            console.print(step_table(chains[-1]))
     console.print(summary_table(chains))
     head = headline(chains, models[0][0])
     scope = (
@@ -507,19 +503,12 @@ def main() -> None:
         "zipnn": {"measured": with_zipnn, "note": zipnn_note},
         "other_models": {name: headline(chains, name) for name, _ in models[1:]},
         "chains": [asdict(c) for c in chains],
-        "config": {
-            k: getattr(args, k) for k in ("quick", "steps", "batch", "max_len", "lrs", "threads", "workers")
-        },
+        "config": {k: getattr(args, k) for k in ("steps", "batch", "max_len", "lrs", "threads", "workers")},
         "speed_note": "GB/s per core = bf16 model bytes / CPU seconds of the single thread doing the work "
         "(workers=1); apply = decode into the live tensors in place",
-        "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}, numpy {np.__version__}, zstandard {zstandard.__version__}, "
-        f"python {platform.python_version()}, load avg {os.getloadavg()[0]:.1f}",
+        "versions": f"numpy {np.__version__}, zstandard {zstandard.__version__}; load avg {os.getloadavg()[0]:.1f}",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rounded(result), indent=1) + "\n")
-    console.print(f"wrote {out}")
+    write_results(args, "weight_codec", rounded(result))
 
 
 if __name__ == "__main__":
