@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from shipyard.agent.session import ChatFrame, SessionSpec, run_session, session_seed
-from shipyard.agent.spec import run_grader, run_sandbox
+from shipyard.agent.spec import SandboxWorkbench
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig
-from shipyard.envs.types import Task
+from shipyard.envs.types import RewardResult, Task
 from shipyard.inference.client import LocalInferenceClient
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
@@ -37,8 +37,7 @@ def _spec(engine_tok, **agent) -> SessionSpec:
         frame=ChatFrame(tok),
         agent=AgentConfig(**{"max_turns": 3, "max_session_tokens": 600, **agent}),
         sampling=SamplingConfig(max_tokens=20),
-        sandbox_factory=lambda files: run_sandbox(files, sb),
-        grader=lambda task, files: run_grader(task, files, sb),
+        bench=SandboxWorkbench(sb),
     )
 
 
@@ -89,6 +88,13 @@ def test_session_budget_and_crash_are_recorded(engine_tok) -> None:
     assert crashed.reward == 0.0 and sum(crashed.loss_mask) == 0 and crashed.finish == "error"
 
 
+class _SlowGrading(SandboxWorkbench):
+    """The run's sandboxes, but hidden tests graded with a 1.5 s limit."""
+
+    def grade(self, task: Task, files: dict[str, str]) -> RewardResult:
+        return SandboxWorkbench(SandboxConfig(timeout_s=1.5)).grade(task, files)
+
+
 def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
     slow = Task(
         id="t-slow",
@@ -97,6 +103,6 @@ def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
         hidden_tests="import time\n\ndef test_slow():\n    time.sleep(60)\n",
     )
     spec = _spec(engine_tok, max_turns=1)
-    spec.grader = lambda task, files: run_grader(task, files, SandboxConfig(timeout_s=1.5))
+    spec.bench = _SlowGrading(spec.bench.cfg)
     [traj] = run_session(spec, slow, "g", 3)
     assert traj.error is None and traj.reward == 0.0 and "tim" in traj.reward_info["reason"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shipyard.agent.session import ChatFrame, SessionSpec, first_message, run_session, session_seed
-from shipyard.agent.spec import run_grader, run_sandbox
+from shipyard.agent.spec import SandboxWorkbench
 from shipyard.agent.summarize import SUMMARY_HEADER, carried_state, resume_message, rollout_summary_metrics
 from shipyard.agent.types import Trajectory
 from shipyard.config import ConfigError, load_config
@@ -68,8 +68,7 @@ def _spec(engine_tok, max_turns: int = 12, summarize_at: int = 220) -> SessionSp
             max_turns=max_turns, max_session_tokens=WINDOW, summarize_at_tokens=summarize_at, summary=summary
         ),
         sampling=SamplingConfig(max_tokens=TURN_TOKENS),
-        sandbox_factory=lambda files: run_sandbox(files, sb),
-        grader=lambda task, files: run_grader(task, files, sb),
+        bench=SandboxWorkbench(sb),
     )
 
 

@@ -64,7 +64,7 @@ def test_repo_writes_named_files_and_refuses_protected_paths() -> None:
     [(path, fixed)] = _changed(REPO).items()
     test_path = next(p for p in REPO.files if p.startswith("tests/"))
     with Environment(CFG) as env, env.session(REPO) as hooks:
-        sb = hooks.sandbox_factory(workspace_files(REPO))
+        sb = hooks.sandbox(workspace_files(REPO))
         feedback, done = _act(AGENT, REPO, sb, f"Fix:\n```python {path}\n{fixed}```")
         assert (feedback, done) == (f"{path} written.", "")  # repo sessions end on SUBMIT only
         assert sb.read(path) == fixed
@@ -82,7 +82,7 @@ def test_repo_writes_named_files_and_refuses_protected_paths() -> None:
         assert sb.read(test_path) == REPO.files[test_path] and "evil.py" not in sb.files()
         assert _act(AGENT, REPO, sb, "thinking...") == (FILES_REMINDER, "")
         assert _act(AGENT, REPO, sb, "SUBMIT") == ("", "submit")
-        res = hooks.grader(REPO, sb.files())
+        res = hooks.grade(REPO, sb.files())
         sb.close()
     assert res.reward == 1.0 and hooks.flags == []
 
@@ -90,7 +90,7 @@ def test_repo_writes_named_files_and_refuses_protected_paths() -> None:
 def test_function_named_write_of_solution_is_the_old_write() -> None:
     task = generated_tasks(10, seed=0)[0]
     with Environment(CFG) as env, env.session(task) as hooks:
-        sb = hooks.sandbox_factory(workspace_files(task))
+        sb = hooks.sandbox(workspace_files(task))
         unnamed = _act(AGENT, task, sb, f"```python\n{task.reference}```")
         named = _act(AGENT, task, sb, f"```python solution.py\n{task.reference}```")
         assert unnamed == named == ("solution.py written. Visible tests passed.", "passed")
@@ -105,7 +105,7 @@ def test_function_named_write_of_solution_is_the_old_write() -> None:
         sb.close()
     no_visible = Task(id="nv", prompt="p", entry_point="f", hidden_tests="def test_a():\n    pass\n")
     with Environment(CFG) as env, env.session(no_visible) as hooks:
-        sb = hooks.sandbox_factory({})
+        sb = hooks.sandbox({})
         assert _act(AGENT, no_visible, sb, "```python helper.py\nK = 3\n```") == ("helper.py written.", "")
         assert _act(AGENT, no_visible, sb, "```python\nK = 3\n```") == ("solution.py written.", "written")
         sb.close()
@@ -114,7 +114,7 @@ def test_function_named_write_of_solution_is_the_old_write() -> None:
 @pytest.mark.skipif(postgres_available() is not None, reason=str(postgres_available()))
 def test_db_migration_write_is_tried_and_rolled_back_then_graded() -> None:
     with Environment(CFG) as env, env.session(DB) as hooks:
-        sb = hooks.sandbox_factory(workspace_files(DB))
+        sb = hooks.sandbox(workspace_files(DB))
         feedback, done = _act(AGENT, DB, sb, "```sql\nALTER TABLE no_such_table ADD x int;\n```")
         assert feedback.startswith("migration.sql written. Trial run on your database (rolled back) failed:")
         assert 'relation "no_such_table" does not exist' in feedback and done == ""
@@ -125,7 +125,7 @@ def test_db_migration_write_is_tried_and_rolled_back_then_graded() -> None:
         assert _act(AGENT, DB, sb, "```sql notes.sql\nSELECT 1;\n```") == ("notes.sql written.", "")
         assert "protected" in _act(AGENT, DB, sb, "```ini .pg_service.conf\n[db]\n```")[0]
         assert sb.read("migration.sql") == DB.reference.strip("\n") + "\n"
-        res = hooks.grader(DB, sb.files())
+        res = hooks.grade(DB, sb.files())
         sb.close()
     assert res.reward == 1.0 and hooks.flags == []
 
@@ -150,8 +150,7 @@ def test_repo_session_record_is_token_exact_with_the_files_prompt(engine_tok) ->
             frame=frame,
             agent=AgentConfig(max_turns=2, max_session_tokens=2000),
             sampling=SamplingConfig(max_tokens=16),
-            sandbox_factory=hooks.sandbox_factory,
-            grader=hooks.grader,
+            bench=hooks,
         )
         [traj] = run_session(spec, REPO, "g", 0)
     prompt = frame.prompt_ids(first_message(REPO), FILES_SYSTEM_PROMPT)

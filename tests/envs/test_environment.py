@@ -55,10 +55,10 @@ def _traj() -> Trajectory:
 
 def test_function_session_cheating_is_flagged_and_earns_nothing() -> None:
     with Environment(CFG) as env, env.session(ADD) as hooks:
-        sb = hooks.sandbox_factory(dict(VISIBLE))
+        sb = hooks.sandbox(dict(VISIBLE))
         sb.exec("git log --all; echo 'def test_v(): pass' > test_visible.py")
         sb.write("solution.py", "import sys\n\ndef add(a, b):\n    sys.exit(0)\n")
-        res = hooks.grader(ADD, sb.files())
+        res = hooks.grade(ADD, sb.files())
         sb.close()
     assert res.reward == 0.0 and res.details["components"] == {"tests": 0.0}
     assert hooks.flags == ["early_exit", "git_history", "test_tampering"]
@@ -79,10 +79,10 @@ def test_honest_session_is_clean_and_the_callers_factory_is_used() -> None:
         return BwrapSandbox(files, CFG)
 
     with Environment(CFG) as env, env.session(ADD, factory) as hooks:
-        sb = hooks.sandbox_factory(dict(VISIBLE))
+        sb = hooks.sandbox(dict(VISIBLE))
         sb.write("solution.py", "def add(a, b):\n    return a + b\n")
         assert sb.exec("python -m pytest -q -p no:cacheprovider test_visible.py").returncode == 0
-        res = hooks.grader(ADD, sb.files())
+        res = hooks.grade(ADD, sb.files())
         sb.close()
     assert made == [VISIBLE] and res.reward == 1.0 and hooks.flags == []
 
@@ -91,13 +91,13 @@ def test_repo_session_on_the_squashed_repository() -> None:
     task = repo_tasks(1, seed=0)[0]
     fixed = apply_patch_locally(task.files, task.reference)
     with Environment(CFG) as env, env.session(task) as hooks:
-        sb = hooks.sandbox_factory(dict(task.files))
+        sb = hooks.sandbox(dict(task.files))
         assert sb.exec("git log --oneline --all").stdout.count("\n") == 1
         for path, text in fixed.items():
             if text != task.files.get(path):
                 sb.write(path, text)
         assert sb.exec("git diff --stat").stdout.strip()
-        res = hooks.grader(task, sb.files())
+        res = hooks.grade(task, sb.files())
         sb.close()
     assert res.reward == 1.0 and hooks.flags == [] and res.details["patch_lines"] > 0
 
@@ -107,10 +107,10 @@ def test_db_session_gets_its_own_clone_dropped_after() -> None:
     task = db_tasks(1, seed=0)[0]
     with Environment(CFG) as env:
         with env.session(task) as hooks:
-            sb = hooks.sandbox_factory(dict(task.files))
+            sb = hooks.sandbox(dict(task.files))
             sb.write(MIGRATION_FILE, task.reference)
             assert sb.exec(APPLY).returncode == 0
-            res = hooks.grader(task, sb.files())
+            res = hooks.grade(task, sb.files())
             sb.close()
             pg = env.services.get("postgres")
             [mine] = [d for d in pg.databases() if d.startswith("r_")]  # type: ignore[attr-defined]
@@ -125,9 +125,9 @@ def test_unreachable_judge_costs_its_weight_only() -> None:
     )
     env = Environment(CFG, rewards=rewards, anticheat=AntiCheatConfig(detect=False))
     with env, env.session(ADD) as hooks:
-        sb = hooks.sandbox_factory(dict(VISIBLE))
+        sb = hooks.sandbox(dict(VISIBLE))
         sb.write("solution.py", "def add(a, b):\n    return a + b\n")
-        res = hooks.grader(ADD, sb.files())
+        res = hooks.grade(ADD, sb.files())
         sb.close()
     assert res.reward == pytest.approx(0.6)
     assert hooks.components == {"tests": 1.0, "judge/correctness": 0.0, "judge/quality": 0.0, "judge": 0.0}

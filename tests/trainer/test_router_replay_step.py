@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from shipyard.agent.session import ChatFrame, SessionSpec, run_session
-from shipyard.agent.spec import run_grader, run_sandbox
+from shipyard.agent.spec import SandboxWorkbench
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig, TrainerConfig
 from shipyard.envs.types import Task
@@ -136,8 +136,7 @@ def test_multi_turn_session_routes_every_forwarded_token(policy: tuple[Any, Any]
         frame=ChatFrame(tok),
         agent=AgentConfig(max_turns=3, max_session_tokens=600),
         sampling=SamplingConfig(max_tokens=16),
-        sandbox_factory=lambda files: run_sandbox(files, sb),
-        grader=lambda task, files: run_grader(task, files, sb),
+        bench=SandboxWorkbench(sb),
     )
     [traj] = run_session(spec, TASK, "g", 0)
     assert traj.error is None and traj.num_turns == 3 and len(client.calls) == 3

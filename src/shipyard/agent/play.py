@@ -6,7 +6,7 @@ environment's hooks: its sandbox comes from the environment by task kind (functi
 ``sandbox_factory``, e.g. a worker's pre-warmed pool, else the spec's own; repo tasks over the
 squashed repository; db tasks with a fresh database lease), it is graded by the environment's
 reward components, and the returned trajectories carry ``reward_components`` and anti-cheat
-``flags``. Without one, the spec's sandbox factory and grader serve the session as they are. A
+``flags``. Without one, the spec's workbench (sandboxes and grader) serves the session as it is. A
 session that crashes comes back as a trajectory with its error (see ``run_session``).
 
 Example::
@@ -36,8 +36,8 @@ def play(
     """The trajectories (one per context segment) of one session of ``task`` (module doc)."""
     if env is None:
         return run_session(spec, task, group_id, sample_idx)
-    with env.session(task, sandbox_factory or spec.sandbox_factory, spec.grader) as hooks:
-        hooked = dataclasses.replace(spec, sandbox_factory=hooks.sandbox_factory, grader=hooks.grader)
+    with env.session(task, sandbox_factory or spec.bench.sandbox, spec.bench.grade) as hooks:
+        hooked = dataclasses.replace(spec, bench=hooks)
         trajs = run_session(hooked, task, group_id, sample_idx)
     hooks.annotate(trajs)
     return trajs

@@ -8,7 +8,7 @@ server (with their logprobs and versions), and each tool result is rendered into
 template's turn delimiters and tokenized once, masked out of the loss. Model output is never
 re-tokenized. MoE routes travel the same way: each turn's request carries the context's
 routes so far (replayed by the engine), and the segment keeps its latest result's routes
-(``Trajectory.routes``). The final files are graded in a fresh sandbox by ``grader``. Any exception is
+(``Trajectory.routes``). The final files are graded in a fresh sandbox by ``spec.bench.grade``. Any exception is
 recorded in ``Trajectory.error`` (on every segment), with a zero loss mask and zero reward, and
 does not propagate: a crashed rollout never stops a run.
 
@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from shipyard.agent.actions import Action, check_write_path, parse_action
 from shipyard.agent.summarize import SummaryStats, carried_state, resume_message
@@ -124,6 +123,16 @@ def first_message(task: Task) -> str:
     return task_kind(task.kind).first_message(task)
 
 
+class Workbench(Protocol):
+    """The session's sandbox and grader: :class:`shipyard.agent.spec.SandboxWorkbench` (the run's
+    sandboxes, hidden-test grading) or an environment's :class:`~shipyard.envs.environment.SessionHooks`
+    (per task kind, reward components, anti-cheat)."""
+
+    def sandbox(self, files: dict[str, str]) -> Sandbox: ...
+
+    def grade(self, task: Task, files: dict[str, str]) -> RewardResult: ...
+
+
 @dataclass
 class SessionSpec:
     """Everything a session needs besides the task: policy, harness limits, sandbox, grader."""
@@ -132,8 +141,8 @@ class SessionSpec:
     frame: ChatFrame
     agent: AgentConfig
     sampling: SamplingConfig
-    sandbox_factory: Callable[[dict[str, str]], Sandbox]
-    grader: Callable[[Task, dict[str, str]], RewardResult]
+    bench: Workbench
+    """Where the session works and is judged: its sandbox and its grader."""
     seed: int = 0
 
 
@@ -141,9 +150,9 @@ def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -
     """Play ``task`` once; returns the session's segments in order (see the module doc)."""
     run = _Session(spec, task, group_id, sample_idx)
     try:
-        with closing(spec.sandbox_factory(workspace_files(task))) as sb:
+        with closing(spec.bench.sandbox(workspace_files(task))) as sb:
             finish = _play(run, sb)
-            result = spec.grader(task, sb.files())
+            result = spec.bench.grade(task, sb.files())
         run.graded(finish, result)
     except Exception as e:  # a crashed rollout is recorded, never propagated
         run.crashed(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")

@@ -9,7 +9,6 @@ task kind when a session is played through it (:func:`shipyard.agent.play.play`)
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from shipyard.agent.session import ChatFrame, SessionSpec
@@ -18,18 +17,24 @@ from shipyard.envs.types import RewardResult, Sandbox, Task
 from shipyard.inference.types import InferenceClient
 
 
-def run_sandbox(files: dict[str, str], cfg: SandboxConfig) -> Sandbox:
-    """A sandbox of the backend ``sandbox.type`` names, holding ``files``."""
-    from shipyard.envs.sandbox import make_sandbox
+class SandboxWorkbench:
+    """The run's workbench: sandboxes of ``sandbox.type`` and the two-sandbox hidden-test grader,
+    both limited by ``cfg``."""
 
-    return make_sandbox(cfg, files)
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
 
+    def sandbox(self, files: dict[str, str]) -> Sandbox:
+        """A sandbox of the backend ``sandbox.type`` names, holding ``files``."""
+        from shipyard.envs.sandbox import make_sandbox
 
-def run_grader(task: Task, files: dict[str, str], cfg: SandboxConfig) -> RewardResult:
-    """The hidden tests of ``task`` graded on ``files`` in a fresh sandbox."""
-    from shipyard.envs.grading.grader import grade
+        return make_sandbox(self.cfg, files)
 
-    return grade(task, files, cfg)
+    def grade(self, task: Task, files: dict[str, str]) -> RewardResult:
+        """The hidden tests of ``task`` graded on ``files`` in a fresh sandbox."""
+        from shipyard.envs.grading.grader import grade
+
+        return grade(task, files, self.cfg)
 
 
 def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -> SessionSpec:
@@ -39,7 +44,6 @@ def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -
         frame=ChatFrame(tokenizer),
         agent=cfg.agent,
         sampling=cfg.sampling,
-        sandbox_factory=functools.partial(run_sandbox, cfg=cfg.sandbox),
-        grader=functools.partial(run_grader, cfg=cfg.sandbox),
+        bench=SandboxWorkbench(cfg.sandbox),
         seed=cfg.run.seed,
     )

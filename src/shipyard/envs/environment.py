@@ -4,15 +4,15 @@ Contract: an :class:`Environment` belongs to one pool (a rollout worker) and own
 share there: the :class:`~shipyard.envs.services.base.ServicePool` (PostgreSQL starts on the
 first db task), the :class:`~shipyard.envs.tasks.repo.RepoCache` (one squashed repository per
 repo task) and the LLM judge when a judge component has weight. :meth:`Environment.session`
-gives one session its :class:`SessionHooks`, a context manager whose ``sandbox_factory`` and
-``grader`` plug into :class:`shipyard.agent.session.SessionSpec`:
+gives one session its :class:`SessionHooks`, the session's workbench (``sandbox`` and ``grade``,
+what :class:`shipyard.agent.session.SessionSpec` takes as ``bench``):
 
-- ``sandbox_factory(files)`` builds the session's sandbox by task kind: ``function`` tasks use
+- ``sandbox(files)`` builds the session's sandbox by task kind: ``function`` tasks use
   the factory the caller passes (the run's default), ``repo`` tasks a copy-on-write sandbox over
   the task's squashed repository, ``db`` tasks a sandbox bound to a fresh database lease (its
   own clone of the task's template, released when the hooks close). Every sandbox is wrapped in
   a :class:`RecordingSandbox`, which keeps the commands the session ran.
-- ``grader(task, files)`` computes the reward components (``tests`` by task kind, see
+- ``grade(task, files)`` computes the reward components (``tests`` by task kind, see
   :mod:`shipyard.envs.tasks.grade`; ``judge/<aspect>`` and ``judge`` when weighted), their
   weighted composite (:func:`shipyard.envs.grading.rewards.composite`, the session's reward) and
   the anti-cheat flags (:func:`shipyard.envs.grading.anticheat.detect` over the final files, the
@@ -27,8 +27,8 @@ worker, ``shipyard eval`` and demonstrations take); this package never imports t
 Example::
 
     with Environment.from_config(cfg) as env, env.session(task, factory, grader) as hooks:
-        sandbox = hooks.sandbox_factory(task.files)   # what a session's harness uses
-        result = hooks.grader(task, final_files)
+        sandbox = hooks.sandbox(task.files)   # what a session's harness uses
+        result = hooks.grade(task, final_files)
     hooks.annotate(trajectories)
 """
 
@@ -145,7 +145,7 @@ class SessionHooks:
     def commands(self) -> list[str]:
         return [cmd for sb in self.sandboxes for cmd in sb.commands]
 
-    def sandbox_factory(self, files: dict[str, str]) -> Any:
+    def sandbox(self, files: dict[str, str]) -> Any:
         """The session's sandbox for ``task``'s kind, starting from ``files`` (a :class:`RecordingSandbox`)."""
         from shipyard.envs.sandbox import BwrapSandbox
 
@@ -171,7 +171,7 @@ class SessionHooks:
         with self._lock:
             return self._leases.enter_context(self.env.services.leases(self.task))
 
-    def grader(self, task: Task, files: dict[str, str]) -> RewardResult:
+    def grade(self, task: Task, files: dict[str, str]) -> RewardResult:
         """Reward components, their composite and the anti-cheat flags of ``files``."""
         env = self.env
         ctx = GradingContext(env.sandbox, env.services, env.repos, self._grader)
