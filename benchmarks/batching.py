@@ -34,10 +34,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,9 @@ from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, write_results  # noqa: E402
 
 console = Console(width=120)
 
@@ -172,10 +174,7 @@ MODES = ("static", "continuous", "continuous+prefix")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--quick", action="store_true", help="tiny random model, 6 sessions x 3 short turns (< 1 minute)"
-    )
+    ap = parser(__doc__)  # --quick: tiny random model, 6 sessions x 3 short turns (< 1 minute)
     ap.add_argument("--sessions", type=int, default=24, help="agent sessions")
     ap.add_argument("--turns", type=int, default=4, help="turns per session")
     ap.add_argument("--batch", type=int, default=16, help="engine max_batch (slots)")
@@ -184,7 +183,6 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=192, help="long turns: max_tokens")
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
-    ap.add_argument("--out", default="benchmarks/results/batching.json")
     args = ap.parse_args()
     if args.quick:
         args.sessions, args.turns, args.short, args.long, args.batch = 6, 3, 8, 24, 4
@@ -238,22 +236,15 @@ def report(best: dict[str, Any], rounds: dict[str, Any], args: argparse.Namespac
         "model": model,
         **{
             k: getattr(args, k)
-            for k in ("sessions", "turns", "batch", "long_frac", "short", "long", "threads", "quick")
+            for k in ("sessions", "turns", "batch", "long_frac", "short", "long", "threads")
         },
         "best": {m: {k: v for k, v in r.items() if k != "token_ids"} for m, r in best.items()},
         "rounds": {
             m: [{k: v for k, v in r.items() if k != "token_ids"} for r in rs] for m, rs in rounds.items()
         },
-        "machine": f"{platform.machine()} {platform.node()} ({os.cpu_count()} cores)",
         "load_avg": os.getloadavg()[0],
-        "date": time.strftime("%Y-%m-%d"),
     }
-    out = Path(args.out if not args.quick else args.out.replace(".json", "_quick.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
-    console.print(f"wrote {out}")
+    write_results(args, "batching", result)
 
 
 if __name__ == "__main__":

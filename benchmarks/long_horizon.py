@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,9 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.eval.stats import paired_diff_ci
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, write_results  # noqa: E402
+
 console = Console(width=130)
 
 QUICK = [  # tiny random model: checks the wiring end to end, the numbers mean nothing
@@ -183,8 +185,6 @@ def report(res: dict[str, dict[str, Any]], cfg: ShipyardConfig, args: argparse.N
         "train_steps": args.steps,
         # hf = a local directory: name it (a warm start's output, or any HF checkpoint)
         "model": "tiny" if args.quick else cfg.model.path if cfg.model.source == "hf" else cfg.model.source,
-        "machine": f"{platform.machine()} {platform.node()} ({os.cpu_count()} cores)",
-        "date": time.strftime("%Y-%m-%d"),
         "detail": {k: {m: v for m, v in r.items() if m not in ("passed", "rewards")} for k, r in res.items()},
     }
 
@@ -221,8 +221,7 @@ def plot(res: dict[str, dict[str, Any]], tmp: Path, title: str, out_png: Path) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny random model, 2 steps (< 1 minute)")
+    ap = parser(__doc__)  # --quick: tiny random model, 2 steps (< 1 minute)
     ap.add_argument("--config", default="configs/long.toml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per trained policy")
     ap.add_argument("--n-tasks", type=int, default=None, help="held-out long tasks evaluated")
@@ -237,7 +236,6 @@ def main() -> None:
         help="with --warm-start: also evaluate the pretrained model (no warm start, no RL) summarizing",
     )
     ap.add_argument("--override", action="append", default=[], help="dotted config override (repeatable)")
-    ap.add_argument("--out", default=None, help="default: benchmarks/results/long_horizon[_quick].json")
     ap.add_argument(
         "--warm-start",
         default=None,
@@ -257,19 +255,17 @@ def main() -> None:
     args.n_tasks = args.n_tasks or (6 if args.quick else 60)
     default = "runs/long_horizon" + ("_quick" if args.quick else "") + ("_warm" if args.warm_start else "")
     tmp = Path(args.workdir or ROOT / default)  # a warm-started run never resumes a base run's checkpoints
-    args.out = args.out or str(ROOT / f"benchmarks/results/long_horizon{'_quick' if args.quick else ''}.json")
     t0 = time.time()
     res = run(args, tmp)
     out = report(res, _cfg(args, tmp, "report", "summarize", args.override), args)
     out["minutes"] = (time.time() - t0) / 60
     if args.warm_start:
         out["warm_start"] = json.loads((Path(args.warm_start) / "warmstart.json").read_text())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    written = write_results(args, "long_horizon", out)
     png = ROOT / ("docs/long_horizon" + ("_quick" if args.quick else "") + ".png")
     title = f"long tasks, {out['context_tokens']}-token window, {args.steps} RL steps"
     plot(res, tmp, title, png)
-    console.print(f"wrote {args.out} and {png} ({out['minutes']:.1f} min)")
+    console.print(f"wrote {written} and {png} ({out['minutes']:.1f} min)")
 
 
 if __name__ == "__main__":

@@ -14,18 +14,17 @@ Prints a table and writes benchmarks/results/pipeline.json with `async_samples_p
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from shipyard.config import load_config
 from shipyard.metrics.logger import read_metrics
 from shipyard.metrics.progress import summarize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, table, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,32 +53,25 @@ def run_mode(mode: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny random model, few steps (< 1 minute)")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per mode")
-    ap.add_argument(
-        "--out", default=None, help="default benchmarks/results/pipeline.json (--quick: pipeline_quick.json)"
-    )
+    ap = parser(__doc__)
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per mode (default 6, quick 4)")
     args = ap.parse_args()
-    args.out = args.out or str(ROOT / f"benchmarks/results/pipeline{'_quick' if args.quick else ''}.json")
     args.steps = args.steps or (4 if args.quick else 6)
     res = {}
     with tempfile.TemporaryDirectory() as d:
         for mode in ("sync", "async"):
             res[mode] = run_mode(mode, args, Path(d))
-    table = Table(title=f"pipeline: {'tiny' if args.quick else 'SmolLM2-135M'}, {args.steps} steps per mode")
-    for col in ("mode", "samples/s", "sampled tok/s", "trainer idle", "dropped stale", "wall s"):
-        table.add_column(col)
-    for mode, r in res.items():
-        table.add_row(
-            mode,
-            f"{r['samples_per_s']:.3f}",
-            f"{r['tokens_per_s']:.1f}",
-            f"{100 * r['trainer_idle_frac']:.0f}%",
-            f"{r['dropped_stale']:.0f}",
-            f"{r['wall_s']:.0f}",
-        )
-    Console().print(table)
+    rows = {
+        mode: {
+            "samples/s": r["samples_per_s"],
+            "sampled tok/s": r["tokens_per_s"],
+            "trainer idle": f"{100 * r['trainer_idle_frac']:.0f}%",
+            "dropped stale": r["dropped_stale"],
+            "wall s": r["wall_s"],
+        }
+        for mode, r in res.items()
+    }
+    table(f"pipeline: {'tiny' if args.quick else 'SmolLM2-135M'}, {args.steps} steps per mode", rows)
     out = {
         "async_samples_per_s": res["async"]["samples_per_s"],
         "sync_samples_per_s": res["sync"]["samples_per_s"],
@@ -88,12 +80,9 @@ def main() -> None:
         "speedup": res["async"]["samples_per_s"] / max(res["sync"]["samples_per_s"], 1e-9),
         "steps": args.steps,
         "model": "tiny" if args.quick else "smollm2-135m",
-        "machine": f"{platform.machine()} {platform.node()} ({__import__('os').cpu_count()} cores)",
-        "date": time.strftime("%Y-%m-%d"),
         "detail": res,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_results(args, "pipeline", out)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,7 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import platform
 import random
@@ -95,6 +93,9 @@ from shipyard.envs.sandbox import BwrapSandbox, agent, sandbox_available
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.sandbox.reaper import descendants, leftovers
 from shipyard.envs.tasks.functions import RUN_VISIBLE, generated_tasks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu_model, parser, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = SandboxConfig(timeout_s=20)
@@ -481,8 +482,10 @@ def _verdict(key: str, value: float) -> str:
     return f"[green]{op} {target} ok[/]" if ok else f"[red]{op} {target} missed[/]"
 
 
-def _print(result: dict[str, Any]) -> None:
-    table = Table(title=f"Sandbox benchmark ({'quick' if result['quick'] else 'full'}, {result['machine']})")
+def _print(result: dict[str, Any], quick: bool) -> None:
+    table = Table(
+        title=f"Sandbox benchmark ({'quick' if quick else 'full'}, {cpu_model()}, {os.cpu_count()} cores)"
+    )
     for col in ("figure", "value", "target"):
         table.add_column(col)
     for key, value in result.items():
@@ -492,22 +495,16 @@ def _print(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer samples, burst of 100 (< 1 minute)")
+    ap = parser(__doc__)  # --quick: fewer samples, burst of 100 (< 1 minute)
     ap.add_argument(
         "--burst", type=int, default=None, help="sandboxes in the burst (default 1000, quick 100)"
     )
-    ap.add_argument(
-        "--out", default=None, help="default benchmarks/results/sandbox.json (--quick: sandbox_quick.json)"
-    )
     args = ap.parse_args()
-    args.out = args.out or str(ROOT / f"benchmarks/results/sandbox{'_quick' if args.quick else ''}.json")
     problem = sandbox_available()
     if problem is not None:
         raise SystemExit(f"sandboxes cannot run here: {problem}")
     q = args.quick
-    result: dict[str, Any] = {"quick": q, "machine": f"{platform.node()} {os.cpu_count()} cpus"}
-    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     result["load_avg_before"] = round(os.getloadavg()[0], 2)
     phases: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("create", lambda: bench_create(20 if q else 300)),
@@ -532,10 +529,8 @@ def main() -> None:
     result["phase_s"] = timings
     result["kernel"] = platform.release()
     result["bwrap"] = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip()
-    _print(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    _print(result, args.quick)
+    write_results(args, "sandbox", result)
 
 
 if __name__ == "__main__":

@@ -25,23 +25,22 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.table import Table
 
 import shipyard.inference.engine as engine_mod
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.models.loading import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, table, write_results  # noqa: E402
 
 
 def torch_take(
@@ -75,11 +74,9 @@ def update(model: torch.nn.Module, density: float, seed: int) -> tuple[dict, dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap = parser(__doc__)
     ap.add_argument("--density", type=float, default=1 / 80, help="fraction of elements changed")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results/weight_apply.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(ModelConfig(source="tiny") if args.quick else ModelConfig())
@@ -109,26 +106,21 @@ def main() -> None:
     engine_mod._take, engine_mod._write = impls["numpy"]
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in times.items()}
     changed = sum(len(p) for p in update(model, args.density, 0)[1].values())
-    table = Table(
-        title=f"sparse weight update: {changed:,} changed elements, bf16, 1 thread, {args.reps} reps"
+    table(
+        f"sparse weight update: {changed:,} changed elements, bf16, 1 thread, {args.reps} reps",
+        {
+            k: {"stage ms (CPU)": m["stage"], "apply ms (CPU)": m["apply"], "pause ms (wall)": m["pause"]}
+            for k, m in med.items()
+        },
     )
-    for col in ("implementation", "stage ms (CPU)", "apply ms (CPU)", "pause ms (wall)"):
-        table.add_column(col, justify="right")
-    for k, m in med.items():
-        table.add_row(k, f"{m['stage']:.1f}", f"{m['apply']:.1f}", f"{m['pause']:.1f}")
-    Console().print(table)
     out = {
         **{f"{m}_ms_{k}": med[k][m] for k in med for m in ("stage", "apply", "pause")},
         "changed": changed,
         "density": args.density,
         "model": "tiny" if args.quick else "SmolLM2-135M-Instruct",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"load avg {os.getloadavg()[0]:.1f}",
+        "load_avg": os.getloadavg()[0],
     }
-    path = Path(args.out if not args.quick else args.out.replace(".json", "_quick.json"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_results(args, "weight_apply", out)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import queue
 import shutil
 import statistics
@@ -62,6 +61,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parser, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = {"SHIPYARD_SYNC_KEY": "shipyard", "SHIPYARD_SYNC_SECRET": "shipyard"}
@@ -590,8 +592,7 @@ def table(results: dict[str, dict], args: argparse.Namespace) -> Table:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model, 3 versions, 100 Mbit/s (< 1 minute)")
+    ap = parser(__doc__)  # --quick: tiny model, 3 versions, 100 Mbit/s (< 1 minute)
     ap.add_argument("--regions", type=int, default=3)
     ap.add_argument("--servers", type=int, default=1, help="inference servers per region")
     ap.add_argument("--versions", type=int, default=None, help="versions shipped (default 5, quick 3)")
@@ -607,9 +608,6 @@ def parse_args() -> argparse.Namespace:
         "--no-feed",
         action="store_true",
         help="relays and servers only poll (no version feed pushing each version as it is committed)",
-    )
-    ap.add_argument(
-        "--out", default=None, help="results file (default weight_sync.json; --quick: weight_sync_quick.json)"
     )
     ap.add_argument("--role", choices=["main", "publisher", "region"], default="main", help="internal")
     internal_args = (
@@ -629,7 +627,6 @@ def parse_args() -> argparse.Namespace:
         args.versions = args.versions or (3 if args.quick else 5)
         args.rate_mbit = args.rate_mbit or (100.0 if args.quick else 1000.0)
         args.model = args.model or ("tiny" if args.quick else "smollm2")
-        args.out = args.out or f"benchmarks/results/weight_sync{'_quick' if args.quick else ''}.json"
         if min(args.regions, args.servers, args.versions) < 1 or args.rate_mbit <= 0 or args.rtt_ms < 0:
             raise ValueError("--regions, --servers, --versions must be >= 1, --rate-mbit > 0, --rtt-ms >= 0")
     return args
@@ -661,8 +658,7 @@ def results_json(results: dict[str, dict], args: argparse.Namespace, info: dict)
         "config": {**{k: getattr(args, k) for k in keys}, **info},
         "network": "veth pairs between network namespaces, tc tbf at rate_mbit both ways; RTT emulated "
         "in-process (sch_netem is not available in this kernel); all processes share one machine's CPUs",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-        f"load avg {os.getloadavg()[0]:.1f}",
+        "load_avg": os.getloadavg()[0],
     }
 
 
@@ -691,12 +687,14 @@ def main() -> None:
     finally:
         net.down()
     console.print(table(results, args))
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    full = set(results) == set(MODES)  # a run of one mode (development) writes its raw records only
-    out = results_json(results, args, info) if full else {"partial": results, "config": vars(args)}
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {path}")
+    if set(results) == set(MODES):
+        write_results(args, "weight_sync", results_json(results, args, info))
+    else:  # a run of one mode (development) writes its raw records only
+        write_results(
+            args,
+            "weight_sync_partial",
+            {"partial": results, "config": {k: str(v) for k, v in vars(args).items()}},
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 
