@@ -448,8 +448,9 @@ def test_make_sandbox_switches_on_type() -> None:
     with make_sandbox(SandboxConfig(type="bwrap", timeout_s=10), {"f.txt": "f\n"}) as box:
         assert isinstance(box, BwrapSandbox) and isinstance(box, Sandbox)
         assert box.exec("cat f.txt").stdout == "f\n"
-    with pytest.raises(ValueError, match="base"):
-        make_sandbox(SandboxConfig(type="remote_morph"), base="/tmp")
+    for kw in ({"base": "/tmp"}, {"binds": {"/tmp": "/run/db"}}):  # a backend without host mounts says so
+        with pytest.raises(ValueError, match=r"sandbox.type='remote_morph' cannot mount host directories"):
+            make_sandbox(SandboxConfig(type="remote_morph"), **kw)
 
 
 PARITY = [

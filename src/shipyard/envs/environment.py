@@ -147,7 +147,7 @@ class SessionHooks:
 
     def sandbox(self, files: dict[str, str]) -> Any:
         """The session's sandbox for ``task``'s kind, starting from ``files`` (a :class:`RecordingSandbox`)."""
-        from shipyard.envs.sandbox import BwrapSandbox
+        from shipyard.envs.sandbox import make_sandbox
 
         task, cfg = self.task, self.env.sandbox
         leases = self._lease() if task.services else {}
@@ -155,13 +155,13 @@ class SessionHooks:
         base = task_kind(task.kind).workspace_base(task, self.env.repos)
         if base is not None:  # copy-on-write over the task's tree: only files that differ are written
             extra = {p: t for p, t in files.items() if task.files.get(p) != t}
-            inner: Any = BwrapSandbox(extra, cfg, base=base, binds=binds)
+            inner: Any = make_sandbox(cfg, extra, base=base, binds=binds)
         elif leases:
-            inner = BwrapSandbox(files, cfg, binds=binds)
+            inner = make_sandbox(cfg, files, binds=binds)
         elif self._factory is not None:
             inner = self._factory(files)
         else:
-            inner = BwrapSandbox(files, cfg)
+            inner = make_sandbox(cfg, files)
         with self._lock:
             self.original = dict(files)
             self.sandboxes.append(RecordingSandbox(inner))

@@ -61,20 +61,25 @@ def make_sandbox(
     *,
     network: bool = False,
     base: str | None = None,
+    binds: Mapping[str, str] | None = None,
 ) -> Sandbox:
     """A new sandbox of the backend ``cfg.type`` names, holding ``files``.
 
     ``network`` gives the sandbox network access (the task asks for it); ``base`` is a host
-    directory the workspace forks copy-on-write (bwrap only). Raises
-    :class:`~shipyard.envs.sandbox.base.SandboxUnavailable` when the backend cannot run here.
+    directory the workspace forks copy-on-write and ``binds`` host directories mounted inside
+    (a service lease's socket): both bwrap only, a ValueError naming ``sandbox.type`` elsewhere.
+    Raises :class:`~shipyard.envs.sandbox.base.SandboxUnavailable` when the backend cannot run here.
     """
     if cfg.type == "bwrap":
         problem = sandbox_available()
         if problem is not None:
             raise SandboxUnavailable(problem)
-        return BwrapSandbox(files, cfg, network, base=base)
-    if base is not None:
-        raise ValueError(f"make_sandbox: base= is only supported by type 'bwrap', not {cfg.type!r}")
+        return BwrapSandbox(files, cfg, network, base=base, binds=binds)
+    if base is not None or binds:
+        raise ValueError(
+            f"sandbox.type={cfg.type!r} cannot mount host directories (a repository base or a service "
+            "socket) into its sandboxes; repo and db tasks need sandbox.type='bwrap'"
+        )
     if cfg.type == "microvm":
         from shipyard.envs.sandbox.microvm import MicroVMSandbox
 
