@@ -78,10 +78,8 @@ def test_relay_mirrors_a_pushed_version_without_reading_the_origin(
         assert _until(lambda: relay.version == 0)
         for v in (1, 2, 3):
             reads = far.stats.reads
-            t0 = time.monotonic()
             pub.publish(v, states[v])
             assert _until(lambda v=v: relay.version == v), f"version {v} pushed, not polled (poll_s is 1 h)"
-            assert time.monotonic() - t0 < 10
             assert far.stats.reads == reads, "manifest and shards came with the push"
             assert torch.equal(relay.state["w"], states[v]["w"])
         assert relay.stats.origin_bytes == sum(
@@ -251,9 +249,8 @@ def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain) -> None:
         assert _until(lambda: relay.version == 1)
         assert relay._follower is not None and relay._follower.errors, "the dead feed was noticed"
     finally:
-        t0 = time.monotonic()
         relay.stop()
-    assert time.monotonic() - t0 < 5
+    assert not relay.alive(), "stop() returned with the sync thread still running (the dead feed held it)"
 
 
 def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed) -> None:

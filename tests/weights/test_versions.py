@@ -169,9 +169,17 @@ def test_reader_never_observes_a_partial_version(tmp_path: Path, make_chain, sam
 
     t = threading.Thread(target=reader)
     t.start()
+
+    def reader_reached(v: int) -> None:  # a condition, not a sleep: the reader has read version v or later
+        deadline = time.monotonic() + 60
+        while not (seen and seen[-1] >= v) and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.001)
+
     for v, s in enumerate(states):
         pub.publish(v, s)
-    time.sleep(0.05)
+        if v % 8 == 0:  # the reader reads while the next versions are being written, and sees several
+            reader_reached(v)
+    reader_reached(len(states) - 1)
     stop.set()
     t.join()
     assert not failures, failures[:3]
