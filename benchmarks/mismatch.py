@@ -67,6 +67,7 @@ import math
 import os
 import platform
 import random
+import sys
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -87,6 +88,9 @@ from shipyard.models.router_replay import RouterSeam, moe_routers, route_mismatc
 from shipyard.trainer.corrections import no_correction
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.mismatch import MismatchAccumulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import machine  # noqa: E402
 
 TRAIN_FILES = ("textwrap.py", "functools.py", "heapq.py", "bisect.py", "fractions.py", "shlex.py")
 HELDOUT_FILES = ("statistics.py", "colorsys.py")
@@ -907,11 +911,9 @@ def sweep_main(args: argparse.Namespace) -> None:
     run_sweep(args, Console(width=None if Console().is_terminal else 200))
 
 
-def machine_line(device: str, threads: int) -> str:
-    return (
-        f"{device}, {os.cpu_count()} CPUs, {threads} threads, torch {torch.__version__}, "
-        f"python {platform.python_version()}, load avg {os.getloadavg()[0]:.1f}"
-    )
+def machine_line(device: str, threads: int) -> dict[str, Any]:
+    """The shared harness's machine description, plus the device and threads of this run."""
+    return {**machine(), "device": device, "threads": threads, "load_avg": os.getloadavg()[0]}
 
 
 def write_json(out: Path, result: dict[str, Any], console: Console) -> None:
