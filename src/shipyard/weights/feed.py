@@ -179,12 +179,15 @@ def _handler(feed: VersionFeed) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 return
             body = pack_push(push, inline=push.parent == after)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the follower left during its long poll
+                return
             feed.served += 1
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
             pass
