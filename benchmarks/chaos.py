@@ -45,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import parser, table, write_results  # noqa: E402
+from shipyard.envs.sandbox.reaper import descendants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("trainer", "server", "worker", "relay", "s3", "postgres", "sandbox")
@@ -103,29 +104,15 @@ class Component:
             self.kill()
 
 
-def _procs() -> list[tuple[int, int, str]]:
-    """(pid, ppid, cmdline) of every process."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            out.append((int(d.name), ppid, cmd))
-    return out
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    return ""
 
 
-def _descendants(root: int, procs: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
-    kids: dict[int, list[tuple[int, str]]] = {}
-    for pid, ppid, cmd in procs:
-        kids.setdefault(ppid, []).append((pid, cmd))
-    out, todo = [], [root]
-    while todo:
-        for pid, cmd in kids.get(todo.pop(), []):
-            out.append((pid, cmd))
-            todo.append(pid)
-    return out
+def _procs() -> list[tuple[int, str]]:
+    """(pid, cmdline) of every process."""
+    return [(int(d.name), _cmdline(int(d.name))) for d in Path("/proc").iterdir() if d.name.isdigit()]
 
 
 def postmasters(owners: list[int]) -> list[int]:
@@ -133,7 +120,7 @@ def postmasters(owners: list[int]) -> list[int]:
     names = tuple(f"shipyard-pg-{pid}-" for pid in owners)
     return [
         pid
-        for pid, _, cmd in _procs()
+        for pid, cmd in _procs()
         if "/postgres " in cmd and " -D " in cmd and any(n in cmd for n in names) and "postgres:" not in cmd
     ]
 
@@ -323,7 +310,7 @@ def sandboxes(run: ChaosRun) -> list[int]:
     worker = run.parts["worker"].proc
     if worker is None:
         return []
-    return [pid for pid, cmd in _descendants(worker.pid, _procs()) if "bwrap" in cmd.split(" ", 1)[0]]
+    return [pid for pid in descendants(worker.pid)[1:] if "bwrap" in _cmdline(pid).split(" ", 1)[0]]
 
 
 def kill(run: ChaosRun, kind: str) -> Callable[[], bool]:
@@ -451,12 +438,10 @@ def leaks(work: Path, pids: set[int], store: subprocess.Popen[bytes] | None) -> 
     dirs = [
         d for t in tmp if t.is_dir() for d in t.iterdir() if (m := owned.match(d.name)) and int(m[1]) in pids
     ]
-    spared = (
-        {pid for pid, _ in _descendants(store.pid, _procs())} | {store.pid} if store is not None else set()
-    )
+    spared = set(descendants(store.pid)) if store is not None else set()
     alive = [
         f"{pid} {cmd[:200]}"
-        for pid, _, cmd in _procs()
+        for pid, cmd in _procs()
         if pid != os.getpid() and pid not in spared and (str(work) in cmd or any(str(d) in cmd for d in dirs))
     ]
     return {

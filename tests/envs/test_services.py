@@ -11,6 +11,7 @@ reaped by the next one. Skipped only when the PostgreSQL server binaries are abs
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -218,20 +219,15 @@ def test_a_killed_server_is_replaced_and_its_leases_fail_cleanly() -> None:
         first = _pg(fresh)
         with pytest.raises(RuntimeError), fresh.leases(TASK):  # the server dies under a live lease
             with open(os.path.join(first.data, "postmaster.pid")) as f:
-                os.kill(int(f.readline()), signal.SIGKILL)
-            _wait(lambda: not first.healthy())
+                pid = int(f.readline())
+            pidfd = os.pidfd_open(pid)  # readable once the process has exited: an event, not a poll
+            os.kill(pid, signal.SIGKILL)
+            assert select.select([pidfd], [], [], 30)[0], "the postmaster did not die"
+            os.close(pidfd)
+            assert not first.healthy()
             first.psql("SELECT 1;")
         second = _pg(fresh)
         assert second is not first and second.healthy() and not os.path.exists(first.root)
         with fresh.leases(TASK) as leases, _sandbox(leases) as sb:
             out = sb.exec("psql service=db -Atc 'SELECT count(*) FROM users'")
             assert out.stdout.strip() == "100", out.stderr
-
-
-def _wait(cond, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    import time
-
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.05)

@@ -1,5 +1,6 @@
 """Shared helpers of the weight-shipping tests: a chain of real Adam-like versions."""
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -58,3 +59,20 @@ def publish() -> Callable[..., WeightPublisher]:
 @pytest.fixture
 def same_state() -> Callable[[dict, dict], bool]:
     return same
+
+
+def _until(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Whether ``cond()`` became true within ``timeout_s`` (checked every 10 ms: the conditions here
+    are states of threads and stores that announce nothing)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def until() -> Callable[..., bool]:
+    """``until(cond, timeout_s=20.0)``: wait for a condition instead of sleeping a fixed time."""
+    return _until

@@ -21,15 +21,6 @@ from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 from shipyard.weights.types import latest_head, manifest_key, shard_key
 
 
-def _until(cond, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 @pytest.fixture
 def feed():  # type: ignore[no-untyped-def]
     f = VersionFeed(inline_max_bytes=1 << 20).start()
@@ -66,7 +57,7 @@ def test_push_round_trips_and_bad_bodies_are_named(tmp_path: Path, feed: Version
 
 
 def test_relay_mirrors_a_pushed_version_without_reading_the_origin(
-    tmp_path: Path, feed: VersionFeed, make_chain
+    tmp_path: Path, feed: VersionFeed, make_chain, until
 ) -> None:
     states = make_chain(4)
     origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")
@@ -75,11 +66,11 @@ def test_relay_mirrors_a_pushed_version_without_reading_the_origin(
     far = LocalStore(tmp_path / "origin")  # the relay's own view of the origin: its reads alone
     relay = WeightRelay(far, mirror, name="relay-eu").start(poll_s=3600.0, feed_url=feed.url)
     try:
-        assert _until(lambda: relay.version == 0)
+        assert until(lambda: relay.version == 0)
         for v in (1, 2, 3):
             reads = far.stats.reads
             pub.publish(v, states[v])
-            assert _until(lambda v=v: relay.version == v), f"version {v} pushed, not polled (poll_s is 1 h)"
+            assert until(lambda v=v: relay.version == v), f"version {v} pushed, not polled (poll_s is 1 h)"
             assert far.stats.reads == reads, "manifest and shards came with the push"
             assert torch.equal(relay.state["w"], states[v]["w"])
         assert relay.stats.origin_bytes == sum(
@@ -113,7 +104,7 @@ def test_a_corrupted_push_is_refetched_from_the_store(tmp_path: Path, feed: Vers
 
 
 def test_a_follower_that_came_to_hold_the_parent_while_waiting_gets_the_delta(
-    tmp_path: Path, feed: VersionFeed, make_chain
+    tmp_path: Path, feed: VersionFeed, make_chain, until
 ) -> None:
     """At start a long poll names no version; if the follower holds the parent by the time the
     push comes, it asks again at once and gets the delta inline instead of the manifest alone."""
@@ -126,12 +117,12 @@ def test_a_follower_that_came_to_hold_the_parent_while_waiting_gets_the_delta(
     got: list = []
     follower = FeedFollower(feed.url, after=lambda: held[0], on_push=got.append).start()
     try:
-        assert _until(lambda: follower.healthy)  # its long poll says after=-1
+        assert until(lambda: follower.healthy)  # its long poll says after=-1
         held[0] = 0  # e.g. version 0 adopted by polling the store meanwhile
         m1 = pub._manifests[1]
         shards = {s.name: origin.get(shard_key(1, s.name)) for s in m1.encodings["delta"].shards}
         feed.announce(m1, m1.to_bytes(), shards)
-        assert _until(lambda: len(got) == 1)
+        assert until(lambda: len(got) == 1)
         assert got[0].version == 1 and got[0].shards == shards, "the delta came inline"
         assert feed.served == 2, "the manifest-only answer, then the same version asked for again"
     finally:
@@ -190,20 +181,20 @@ class _LatePush:
 
 @pytest.mark.parametrize("grace_s", [60.0, 0.0])
 def test_a_push_overtaken_by_the_poll_is_waited_for_not_refetched(
-    tmp_path: Path, feed: VersionFeed, make_chain, grace_s: float
+    tmp_path: Path, feed: VersionFeed, make_chain, grace_s: float, until
 ) -> None:
     late = _LatePush(tmp_path, make_chain, grace_s)
     relay = late.relay.start(poll_s=0.02, feed_url=feed.url)
     try:
-        assert _until(lambda: relay._follower is not None and relay._follower.healthy)
+        assert until(lambda: relay._follower is not None and relay._follower.healthy)
         late.commit()
         if grace_s:  # the poll sees version 1; its push is still "on the way": the relay waits for it
-            assert _until(lambda: late.far.latest_reads >= 2)
+            assert until(lambda: late.far.latest_reads >= 2)
             assert relay.version == 0 and late.far.shard_keys == [], "waiting for the push"
         else:
-            assert _until(lambda: relay.version == 1), "fetched at once"
+            assert until(lambda: relay.version == 1), "fetched at once"
         late.push(feed)
-        assert _until(lambda: relay.version == 1)
+        assert until(lambda: relay.version == 1)
         assert torch.equal(relay.state["w"], late.states[1]["w"]) and not relay.errors
         if grace_s:
             assert late.far.shard_keys == [], (
@@ -216,7 +207,7 @@ def test_a_push_overtaken_by_the_poll_is_waited_for_not_refetched(
 
 
 def test_a_plain_sync_that_reads_latest_first_takes_the_push_too(
-    tmp_path: Path, feed: VersionFeed, make_chain
+    tmp_path: Path, feed: VersionFeed, make_chain, until
 ) -> None:
     """The relay thread's periodic sync (no head from the watcher) reads LATEST itself; a version
     it finds that way also waits for the push rather than being fetched a second time."""
@@ -224,7 +215,7 @@ def test_a_plain_sync_that_reads_latest_first_takes_the_push_too(
     relay = late.relay
     relay._follower = FeedFollower(feed.url, after=lambda: relay.version, on_push=relay.accept).start()
     try:
-        assert _until(lambda: relay._follower is not None and relay._follower.healthy)
+        assert until(lambda: relay._follower is not None and relay._follower.healthy)
         late.commit()
         timer = threading.Timer(0.3, late.push, (feed,))
         timer.start()
@@ -235,7 +226,7 @@ def test_a_plain_sync_that_reads_latest_first_takes_the_push_too(
         relay._follower.stop()
 
 
-def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain) -> None:
+def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain, until) -> None:
     dead = VersionFeed().start()
     url = dead.url
     dead.close()
@@ -246,14 +237,14 @@ def test_feed_down_falls_back_to_polling(tmp_path: Path, make_chain) -> None:
     relay = WeightRelay(origin, mirror, name="relay-y").start(poll_s=0.05, feed_url=url)
     try:
         pub.publish(1, states[1])
-        assert _until(lambda: relay.version == 1)
+        assert until(lambda: relay.version == 1)
         assert relay._follower is not None and relay._follower.errors, "the dead feed was noticed"
     finally:
         relay.stop()
     assert not relay.alive(), "stop() returned with the sync thread still running (the dead feed held it)"
 
 
-def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed) -> None:
+def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed, until) -> None:
     """Publisher -> origin feed -> relay -> the region's feed -> an engine's subscriber, with
     every poll an hour apart: each version is served bit for bit, through pushes alone."""
     torch.manual_seed(0)
@@ -269,16 +260,16 @@ def test_trainer_to_relay_to_server_by_push(tmp_path: Path, feed: VersionFeed) -
     sub.start(feed_url=region_feed.url)
     opt = torch.optim.AdamW(trainer.parameters(), lr=1e-4)
     try:
-        assert _until(lambda: relay.version == 0)
+        assert until(lambda: relay.version == 0)
         for v in (1, 2):
             ids = torch.randint(0, trainer.config.vocab_size, (2, 10))
             trainer(input_ids=ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad()
             pub.publish(v, named_params(trainer))
-            assert _until(lambda v=v: engine.version == v), f"version {v} reached the engine by push"
+            assert until(lambda v=v: engine.version == v), f"version {v} reached the engine by push"
             # the engine swaps first, the subscriber then records the adoption
-            assert _until(lambda v=v: bool(sub.adopted) and sub.adopted[-1]["version"] == v)
+            assert until(lambda v=v: bool(sub.adopted) and sub.adopted[-1]["version"] == v)
             assert sub.adopted[-1]["path"] == [f"{v}:delta"]
             for k, t in named_params(trainer).items():
                 assert torch.equal(named_params(served)[k], t.detach().bfloat16()), k

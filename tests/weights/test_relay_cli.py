@@ -1,7 +1,6 @@
 """`shipyard relay CONFIG`: mirrors the origin store into the configured regional store."""
 
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -15,15 +14,6 @@ from shipyard.weights.relay import run_relay
 from shipyard.weights.versions import latest_version, load_version
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _until(cond, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
@@ -46,7 +36,7 @@ def test_relay_command_mirrors_the_origin(tmp_path: Path, capsys) -> None:
     assert "version 3 mirrored" in capsys.readouterr().out
 
 
-def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: Path) -> None:
+def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: Path, until) -> None:
     """`relay.feed_url` + `relay.feed_port`: versions arrive by push (polls are a minute apart)
     and are pushed on to the region's followers."""
     from shipyard.weights.feed import FeedFollower, VersionFeed
@@ -78,13 +68,13 @@ def test_relay_command_follows_the_origin_feed_and_serves_its_region(tmp_path: P
         f"http://127.0.0.1:{port}", after=lambda: None, on_push=lambda p: got.append(p.version)
     )
     try:
-        assert _until(lambda: latest_version(mirror) == 0), "the relay's first sync"
+        assert until(lambda: latest_version(mirror) == 0, 60), "the relay's first sync"
         pub.publish(1, states[1])  # polls are a minute apart: only the origin's push brings it
-        assert _until(lambda: latest_version(mirror) == 1)
+        assert until(lambda: latest_version(mirror) == 1, 60)
         follower.start()
-        assert _until(lambda: follower.healthy)
+        assert until(lambda: follower.healthy, 60)
         pub.publish(2, states[2])
-        assert _until(lambda: 2 in got), "the region's feed pushed what the relay mirrored"
+        assert until(lambda: 2 in got, 60), "the region's feed pushed what the relay mirrored"
     finally:
         follower.stop()
         stop.set()

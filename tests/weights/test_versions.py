@@ -149,6 +149,7 @@ def test_reader_never_observes_a_partial_version(tmp_path: Path, make_chain, sam
     pub = WeightPublisher(store, snapshot_every=5, keep=1000, shard_bytes=8_000)
     stop = threading.Event()
     seen: list[int] = []
+    read = threading.Condition()  # notified after each version the reader has read
     failures: list[str] = []
 
     def reader() -> None:
@@ -165,15 +166,16 @@ def test_reader_never_observes_a_partial_version(tmp_path: Path, make_chain, sam
             got = load_version(store, v)
             if {k: tensor_digest(t) for k, t in got.items()} != digests[v]:
                 failures.append(f"version {v} read with other bytes")
-            seen.append(v)
+            with read:
+                seen.append(v)
+                read.notify_all()
 
     t = threading.Thread(target=reader)
     t.start()
 
-    def reader_reached(v: int) -> None:  # a condition, not a sleep: the reader has read version v or later
-        deadline = time.monotonic() + 60
-        while not (seen and seen[-1] >= v) and time.monotonic() < deadline and t.is_alive():
-            time.sleep(0.001)
+    def reader_reached(v: int) -> None:  # the reader has read version v or later
+        with read:
+            read.wait_for(lambda: bool(seen) and seen[-1] >= v, timeout=60)
 
     for v, s in enumerate(states):
         pub.publish(v, s)

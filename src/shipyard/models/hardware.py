@@ -110,7 +110,9 @@ def resolve_bf16(setting: bool | Literal["auto"], device: str, field: str) -> tu
 
 def resolve_dtype(setting: str, device: str, field: str) -> tuple[torch.dtype, str]:
     """The torch dtype for a ``"auto" | "float32" | "bfloat16"`` setting (``inference.dtype``), with reason."""
-    if setting in ("auto", "bfloat16"):
-        use, reason = resolve_bf16("auto" if setting == "auto" else True, device, field)
+    if setting == "auto":
+        use, reason = resolve_bf16("auto", device, field)
         return (torch.bfloat16 if use else torch.float32), reason
+    if setting == "bfloat16":
+        resolve_bf16(True, device, field)  # warns once where the device has no fast bf16
     return getattr(torch, setting), f"{field}={setting} (set explicitly)"

@@ -101,9 +101,9 @@ def _eval_once(
         return EvalResult(
             task_ids=d["task_ids"], passed=d["passed"], rewards=d["rewards"], errors=d["errors"]
         )
-    if latest_version(store) or 0:  # the servers follow the newest version, not the base
+    if served := latest_version(store) or 0:  # the servers follow the newest version, not the base
         console.print(
-            f"[yellow]held-out eval before: skipped: this run resumed at version {latest_version(store)} and "
+            f"[yellow]held-out eval before: skipped: this run resumed at version {served} and "
             f"has no {path}, so its base is not what is served; score it with `shipyard eval CONFIG run.name={cfg.run.name} "
             "eval.version=0`",
             soft_wrap=True,

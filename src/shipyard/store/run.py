@@ -163,7 +163,11 @@ def _open_root(cfg: StoreConfig) -> Store:
 def open_run(cfg: StoreConfig, name: str) -> RunStore:
     """Attach to the existing run ``name`` in the store ``cfg`` (servers, workers, serve, relay, eval)."""
     check_run_name(name)
-    root = _open_root(cfg)
+    return _attach(_open_root(cfg), cfg, name)
+
+
+def _attach(root: Store, cfg: StoreConfig, name: str) -> RunStore:
+    """The view of the stamped run ``name`` in ``root`` (the store ``cfg`` opened)."""
     where = f"{describe_store(cfg)}, run prefix {name}/"
     if not root.exists(f"{name}/{STAMP_KEY}"):
         runs = list_runs(root)
@@ -210,7 +214,7 @@ def claim_run(cfg: StoreConfig, name: str, run_dir: Path) -> RunStore:
         tmp.write_bytes(view.identity.to_bytes())
         tmp.replace(record)
         return view
-    view = open_run(cfg, name)
+    view = _attach(root, cfg, name)
     if mine is None or mine.run_id != view.identity.run_id:
         here = "has no record of it" if mine is None else f"belongs to {mine.describe()}"
         raise RunStoreError(

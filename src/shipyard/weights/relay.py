@@ -387,23 +387,19 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
-def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None = None) -> WeightRelay:
-    """``shipyard relay CONFIG``: mirror ``cfg.store`` (origin) into ``cfg.relay.mirror`` until
-    interrupted (or for ``max_s`` seconds, or until ``stop`` is set), printing each version as it lands."""
-    from rich.console import Console
-
+def _relay_for(cfg: Any) -> tuple[WeightRelay, VersionFeed | None]:
+    """The relay of ``cfg``: the run ``run.name`` of the origin store into its region's mirror (stamped
+    with the run's identity), serving its own feed when ``relay.feed_port`` is set."""
     from shipyard.store.run import mirror_run, open_run
 
-    console = Console()
     w, r = cfg.weights, cfg.relay
     origin = open_run(cfg.store, cfg.run.name)  # the run named run.name, and only it
-    mirror = mirror_run(r.mirror, origin.identity)
     feed = None
     if r.feed_port is not None:  # the region's servers follow it (their `weights.follow_url`)
         feed = VersionFeed(w.feed_host, r.feed_port, int(w.feed_inline_mb * (1 << 20))).start()
     relay = WeightRelay(
         origin,
-        mirror,
+        mirror_run(r.mirror, origin.identity),
         name=f"relay-{r.region}",
         cache_dir=Path(w.cache_dir).expanduser() / f"relay-{r.region}" if w.cache_dir else None,
         connections=cfg.store.connections,
@@ -414,7 +410,18 @@ def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None
         lease_ttl_s=w.lease_ttl_s,
         feed=feed,
     )
-    console.print(f"relay {r.region}: {origin.where} -> {mirror.where} (Ctrl-C stops)")
+    return relay, feed
+
+
+def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None = None) -> WeightRelay:
+    """``shipyard relay CONFIG``: mirror ``cfg.store`` (origin) into ``cfg.relay.mirror`` until
+    interrupted (or for ``max_s`` seconds, or until ``stop`` is set), printing each version as it lands."""
+    from rich.console import Console
+
+    console = Console()
+    r = cfg.relay
+    relay, feed = _relay_for(cfg)
+    console.print(f"relay {r.region}: {relay.origin.where} -> {relay.mirror.where} (Ctrl-C stops)")
     if feed is not None:
         console.print(f"region feed at {feed.url}")
     t_end = None if max_s is None else time.monotonic() + max_s

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -85,6 +86,7 @@ class TaskKind(Protocol):
     def grade(self, task: Task, files: dict[str, str], ctx: GradingContext) -> RewardResult: ...
 
 
+@functools.cache
 def task_kind(kind: str) -> TaskKind:
     """The object of task kind ``kind`` (one of :data:`TASK_KINDS`); ValueError naming the field."""
     if kind == "function":
