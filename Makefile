@@ -5,13 +5,13 @@ VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 STAMP := $(VENV)/.shipyard-installed
 
-.PHONY: setup demo test lint format bench-quick humaneval clean
+.PHONY: setup demo test lint format bench-quick humaneval screenshots clean
 
 $(STAMP): pyproject.toml
-	@{ command -v bwrap && command -v cc && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
-	  echo "installing bubblewrap and gcc (sandboxes) and postgresql (task services)"; \
-	  (apt-get update -qq && apt-get install -y -qq bubblewrap postgresql gcc) || \
-	  sudo apt-get install -y -qq bubblewrap postgresql gcc; }
+	@{ command -v bwrap && command -v cc && command -v chromium && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap and gcc (sandboxes), postgresql (task services), chromium (viewer tests)"; \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap postgresql gcc chromium) || \
+	  sudo apt-get install -y -qq bubblewrap postgresql gcc chromium; }
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(VPY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
@@ -34,8 +34,11 @@ format: setup
 	$(VENV)/bin/ruff format src tests benchmarks && $(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench-quick: setup
-	for b in pipeline inference batching weight_codec weight_sync sandbox services mismatch long_horizon precision weight_apply; do \
+	for b in pipeline inference batching weight_codec weight_sync sandbox services mismatch long_horizon precision weight_apply view; do \
 	  $(VPY) benchmarks/$$b.py --quick || exit 1; done
+
+screenshots: setup  # docs/img/view-*.png from a real run: make screenshots RUN=runs/demo
+	SHIPYARD_VIEW_RUN=$(or $(RUN),runs/demo) $(VPY) -m pytest -q tests/view/test_browser.py -k screenshots
 
 humaneval: setup
 	$(VENV)/bin/shipyard eval configs/demo.toml

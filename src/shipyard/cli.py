@@ -1,5 +1,5 @@
 """The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `trainer`, `worker`, each taking a
-TOML config and dotted overrides.
+TOML config and dotted overrides, and `view`, taking run directories.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -12,6 +12,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard trainer configs/demo.toml                  # the trainer alone (resumes its checkpoint)
     shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
     shipyard train configs/demo.toml --dry-run
+    shipyard view runs/demo runs/try2 --port 8600       # dashboard and rollout viewer in a browser
 """
 
 from __future__ import annotations
@@ -42,11 +43,21 @@ def _parser() -> argparse.ArgumentParser:
         if name == "worker":
             s.add_argument("--server", required=True, help="inference server URL, e.g. http://127.0.0.1:8000")
             s.add_argument("--worker-id", default="w0", help="names the worker's batches (rollouts/<id>/)")
+    v = sub.add_parser(
+        "view", help="dashboard and rollout viewer of runs, in a browser (live while they run)"
+    )
+    v.add_argument(
+        "run_dirs", nargs="+", help="run directories (<run.output_dir>/<run.name>, e.g. runs/demo)"
+    )
+    v.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
+    v.add_argument("--port", type=int, default=8600, help="port to listen on")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "view":
+        return _view(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -89,6 +100,17 @@ def main(argv: list[str] | None = None) -> int:
 
         _stop_on_signals()
         serve(cfg)
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from shipyard.view.server import serve_view
+
+    try:
+        serve_view(args.run_dirs, args.host, args.port)
+    except ValueError as e:
+        print(f"shipyard view: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

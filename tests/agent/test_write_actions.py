@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from shipyard.agent.actions import parse_action
 from shipyard.agent.session import (
     ChatFrame,
     SessionSpec,
@@ -26,13 +27,17 @@ from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.tasks.kinds import FILES_REMINDER, FILES_SYSTEM_PROMPT
 from shipyard.envs.tasks.long import long_tasks
 from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
-from shipyard.envs.types import Task
+from shipyard.envs.types import Sandbox, Task
 
 CFG = SandboxConfig(timeout_s=30)
 AGENT = AgentConfig()
 REPO = repo_tasks(1, seed=0)[0]
 DB = db_tasks(1, seed=0)[0]
 OLD_SUFFIX = "\n\nReply with the complete solution.py in a ```python block."
+
+
+def act(task: Task, sb: Sandbox, text: str) -> tuple[str, str]:
+    return _act(AGENT, task, sb, parse_action(text, task.kind))
 
 
 def _changed(task: Task) -> dict[str, str]:
@@ -65,7 +70,7 @@ def test_repo_writes_named_files_and_refuses_protected_paths() -> None:
     test_path = next(p for p in REPO.files if p.startswith("tests/"))
     with Environment(CFG) as env, env.session(REPO) as hooks:
         sb = hooks.sandbox(workspace_files(REPO))
-        feedback, done = _act(AGENT, REPO, sb, f"Fix:\n```python {path}\n{fixed}```")
+        feedback, done = act(REPO, sb, f"Fix:\n```python {path}\n{fixed}```")
         assert (feedback, done) == (f"{path} written.", "")  # repo sessions end on SUBMIT only
         assert sb.read(path) == fixed
         refused = {
@@ -77,11 +82,11 @@ def test_repo_writes_named_files_and_refuses_protected_paths() -> None:
             "```text .git/config\n[core]\n```": "Cannot write .git/config: the repository's .git directory",
         }
         for text, message in refused.items():
-            feedback, done = _act(AGENT, REPO, sb, text)
+            feedback, done = act(REPO, sb, text)
             assert feedback.startswith(message) and done == "", (text, feedback)
         assert sb.read(test_path) == REPO.files[test_path] and "evil.py" not in sb.files()
-        assert _act(AGENT, REPO, sb, "thinking...") == (FILES_REMINDER, "")
-        assert _act(AGENT, REPO, sb, "SUBMIT") == ("", "submit")
+        assert act(REPO, sb, "thinking...") == (FILES_REMINDER, "")
+        assert act(REPO, sb, "SUBMIT") == ("", "submit")
         res = hooks.grade(REPO, sb.files())
         sb.close()
     assert res.reward == 1.0 and hooks.flags == []
@@ -91,23 +96,23 @@ def test_function_named_write_of_solution_is_the_old_write() -> None:
     task = generated_tasks(10, seed=0)[0]
     with Environment(CFG) as env, env.session(task) as hooks:
         sb = hooks.sandbox(workspace_files(task))
-        unnamed = _act(AGENT, task, sb, f"```python\n{task.reference}```")
-        named = _act(AGENT, task, sb, f"```python solution.py\n{task.reference}```")
+        unnamed = act(task, sb, f"```python\n{task.reference}```")
+        named = act(task, sb, f"```python solution.py\n{task.reference}```")
         assert unnamed == named == ("solution.py written. Visible tests passed.", "passed")
-        helper = _act(AGENT, task, sb, "```python helper.py\nK = 3\n```")
+        helper = act(task, sb, "```python helper.py\nK = 3\n```")
         assert helper == ("helper.py written. Visible tests passed.", "passed")
         assert (
             sb.read("helper.py") == "K = 3\n" and sb.read("solution.py") == task.reference.strip("\n") + "\n"
         )
-        assert _act(AGENT, task, sb, "```python test_visible.py\n\n```")[0].startswith(
+        assert act(task, sb, "```python test_visible.py\n\n```")[0].startswith(
             "Cannot write test_visible.py: it is a protected file"
         )
         sb.close()
     no_visible = Task(id="nv", prompt="p", entry_point="f", hidden_tests="def test_a():\n    pass\n")
     with Environment(CFG) as env, env.session(no_visible) as hooks:
         sb = hooks.sandbox({})
-        assert _act(AGENT, no_visible, sb, "```python helper.py\nK = 3\n```") == ("helper.py written.", "")
-        assert _act(AGENT, no_visible, sb, "```python\nK = 3\n```") == ("solution.py written.", "written")
+        assert act(no_visible, sb, "```python helper.py\nK = 3\n```") == ("helper.py written.", "")
+        assert act(no_visible, sb, "```python\nK = 3\n```") == ("solution.py written.", "written")
         sb.close()
 
 
@@ -115,15 +120,15 @@ def test_function_named_write_of_solution_is_the_old_write() -> None:
 def test_db_migration_write_is_tried_and_rolled_back_then_graded() -> None:
     with Environment(CFG) as env, env.session(DB) as hooks:
         sb = hooks.sandbox(workspace_files(DB))
-        feedback, done = _act(AGENT, DB, sb, "```sql\nALTER TABLE no_such_table ADD x int;\n```")
+        feedback, done = act(DB, sb, "```sql\nALTER TABLE no_such_table ADD x int;\n```")
         assert feedback.startswith("migration.sql written. Trial run on your database (rolled back) failed:")
         assert 'relation "no_such_table" does not exist' in feedback and done == ""
         ok = ("migration.sql written. Trial run on your database (rolled back): OK.", "passed")
-        assert _act(AGENT, DB, sb, f"```sql\n{DB.reference}```") == ok
+        assert act(DB, sb, f"```sql\n{DB.reference}```") == ok
         # rolled back: the same migration applies again (adding the constraint twice would fail)
-        assert _act(AGENT, DB, sb, f"```sql migration.sql\n{DB.reference}```") == ok
-        assert _act(AGENT, DB, sb, "```sql notes.sql\nSELECT 1;\n```") == ("notes.sql written.", "")
-        assert "protected" in _act(AGENT, DB, sb, "```ini .pg_service.conf\n[db]\n```")[0]
+        assert act(DB, sb, f"```sql migration.sql\n{DB.reference}```") == ok
+        assert act(DB, sb, "```sql notes.sql\nSELECT 1;\n```") == ("notes.sql written.", "")
+        assert "protected" in act(DB, sb, "```ini .pg_service.conf\n[db]\n```")[0]
         assert sb.read("migration.sql") == DB.reference.strip("\n") + "\n"
         res = hooks.grade(DB, sb.files())
         sb.close()

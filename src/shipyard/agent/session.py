@@ -34,7 +34,9 @@ Summary turns are sampled without the stop strings of ``sampling.stop`` (a summa
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
 import traceback
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -87,10 +89,16 @@ class _Record:
     versions: list[int] = field(default_factory=list)
     routes: dict[str, Any] | None = None
     """MoE routes of the context's forwarded prefix (the latest turn's result covers all earlier ones)."""
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """``Trajectory.turns``: each turn's role, token span and text."""
 
     def __post_init__(self) -> None:
         n = len(self.ids)
         self.mask, self.logprobs, self.versions = [0] * n, [0.0] * n, [-1] * n
+
+    def turn(self, role: str, start: int, text: str, **extra: Any) -> None:
+        """Record the turn that covers ``ids[start:]`` (just appended)."""
+        self.turns.append({"role": role, "start": start, "end": len(self.ids), "text": text, **extra})
 
     def add_env(self, ids: list[int]) -> None:
         self.ids += ids
@@ -152,8 +160,9 @@ def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -
     try:
         with closing(spec.bench.sandbox(workspace_files(task))) as sb:
             finish = _play(run, sb)
-            result = spec.bench.grade(task, sb.files())
-        run.graded(finish, result)
+            final = sb.files()
+            result = spec.bench.grade(task, final)
+        run.graded(finish, result, files_diff(workspace_files(task), final))
     except Exception as e:  # a crashed rollout is recorded, never propagated
         run.crashed(f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
     return run.trajectories()
@@ -168,7 +177,9 @@ def _play(run: _Session, sb: Sandbox) -> str:
             return "budget"
         run.traj.num_turns += 1
         text = spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
-        feedback, done = _act(spec.agent, run.task, sb, text)
+        action = parse_action(text, run.task.kind)
+        run.rec.turns[-1].update(action=action.kind, **_action_fields(action))
+        feedback, done = _act(spec.agent, run.task, sb, action)
         if done:
             return done
         if turn + 1 < spec.agent.max_turns and not run.feed_back(sb, feedback, res.finish_reason == "eos"):
@@ -186,7 +197,8 @@ class _Session:
         self.stats = SummaryStats()
         self.finish, self.reward, self.error = "", 0.0, None
         self.reward_info: dict[str, Any] = {}
-        self._open(spec.frame.prompt_ids(first_message(task), task_kind(task.kind).system_prompt()))
+        self.changes, self.grade = "", {}
+        self._open(first_message(task))
 
     @property
     def rec(self) -> _Record:
@@ -196,8 +208,10 @@ class _Session:
     def traj(self) -> Trajectory:
         return self.segments[-1][1]
 
-    def _open(self, prompt_ids: list[int]) -> None:
-        """Start a segment (a fresh context) from environment ``prompt_ids``."""
+    def _open(self, message: str) -> None:
+        """Start a segment (a fresh context) from the user ``message`` under the kind's system prompt."""
+        system = task_kind(self.task.kind).system_prompt()
+        prompt_ids = self.spec.frame.prompt_ids(message, system)
         traj = Trajectory(
             self.task.id,
             self.gid,
@@ -211,9 +225,11 @@ class _Session:
             segment_idx=len(self.segments),
             num_segments=len(self.segments) + 1,
         )
-        self.segments.append((_Record(prompt_ids), traj))
+        rec = _Record(prompt_ids)
+        rec.turn("prompt", 0, message, system=system)
+        self.segments.append((rec, traj))
 
-    def sample(self, max_tokens: int, stop: list[str]) -> GenerateResult | None:
+    def sample(self, max_tokens: int, stop: list[str], role: str = "assistant") -> GenerateResult | None:
         """Sample one turn onto the current context; None when the window has no room left."""
         budget = self.spec.agent.max_session_tokens - len(self.rec.ids)
         if budget <= 0:
@@ -228,7 +244,9 @@ class _Session:
         )
         request = GenerateRequest(prompt_ids=list(self.rec.ids), params=params, prompt_routes=self.rec.routes)
         [res] = self.spec.client.generate([request])
+        start = len(self.rec.ids)
         self.rec.add_sampled(res.token_ids, res.logprobs, res.versions)
+        self.rec.turn(role, start, self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True))
         self.rec.routes = res.routes
         self.sampled_turns += 1
         return res
@@ -250,24 +268,26 @@ class _Session:
             if after >= at or later > agent.max_session_tokens:
                 if cfg.mode == "truncate":
                     return self._truncate(sb, feedback)
-                return self._summarize(sb, request, feedback)
+                return self._summarize(sb, request, f"{feedback}\n\n{cfg.instruction}")
+        start = len(self.rec.ids)
         self.rec.add_env(ids)
+        self.rec.turn("tool", start, feedback)
         return True
 
-    def _summarize(self, sb: Sandbox, request: list[int], feedback: str) -> bool:
+    def _summarize(self, sb: Sandbox, request: list[int], request_text: str) -> bool:
         """Append the summary ``request``, sample the summary, open the next segment; False: no room."""
         cfg = self.spec.agent.summary
         summarized = len(self.rec.ids)
         self.rec.add_env(request)
-        res = self.sample(cfg.max_tokens, [])
+        self.rec.turn("tool", summarized, request_text)
+        res = self.sample(cfg.max_tokens, [], role="summary")
         if res is None:
             return False
         self.traj.finish, self.traj.summary_tokens = "summary", len(res.token_ids)
         self.stats.add(summarized, len(res.token_ids))
-        summary = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
+        feedback = request_text[: -len(cfg.instruction)].rstrip("\n")
         state = carried_state(sb, feedback, cfg, self.task.kind)
-        message = resume_message(first_message(self.task), summary, state)
-        self._open(self.spec.frame.prompt_ids(message, task_kind(self.task.kind).system_prompt()))
+        self._open(resume_message(first_message(self.task), self.rec.turns[-1]["text"], state))
         return True
 
     def _truncate(self, sb: Sandbox, feedback: str) -> bool:
@@ -275,15 +295,15 @@ class _Session:
         self.traj.finish = "truncated"
         self.stats.add(len(self.rec.ids), 0)
         state = carried_state(sb, feedback, self.spec.agent.summary, self.task.kind)
-        message = resume_message(first_message(self.task), None, state)
-        self._open(self.spec.frame.prompt_ids(message, task_kind(self.task.kind).system_prompt()))
+        self._open(resume_message(first_message(self.task), None, state))
         return True
 
-    def graded(self, finish: str, result: RewardResult) -> None:
-        self.finish, self.reward = finish, result.reward
+    def graded(self, finish: str, result: RewardResult, changes: str = "") -> None:
+        self.finish, self.reward, self.changes = finish, result.reward, changes
         self.reward_info = {"passed": result.passed, "total": result.total}
         if "reason" in result.details:
             self.reward_info["reason"] = result.details["reason"]
+        self.grade = json.loads(json.dumps(result.details, default=str))
 
     def crashed(self, error: str) -> None:
         self.error, self.reward, self.finish = error, 0.0, "error"
@@ -310,13 +330,42 @@ class _Session:
             traj.routes = rec.routes
             traj.reward, traj.reward_info, traj.error = self.reward, dict(self.reward_info), self.error
             traj.metrics = dict(metrics)
+            traj.turns = rec.turns
+            if k == len(self.segments) - 1:
+                traj.changes, traj.grade = self.changes, self.grade
             out.append(traj)
         return out
 
 
-def _act(agent: AgentConfig, task: Task, sb: Sandbox, text: str) -> tuple[str, str]:
-    """Carry out the action in ``text``; returns (feedback, finish reason or '')."""
-    action = parse_action(text, task.kind)
+def files_diff(before: dict[str, str], after: dict[str, str]) -> str:
+    """Unified diff (``a/`` -> ``b/``) of the files that differ between ``before`` and ``after``."""
+    out: list[str] = []
+    for path in sorted(set(before) | set(after)):
+        old, new = before.get(path), after.get(path)
+        if old == new:
+            continue
+        out += difflib.unified_diff(
+            (old or "").splitlines(keepends=True),
+            (new or "").splitlines(keepends=True),
+            "/dev/null" if old is None else f"a/{path}",
+            "/dev/null" if new is None else f"b/{path}",
+        )
+        if out and not out[-1].endswith("\n"):
+            out[-1] += "\n"
+    return "".join(out)
+
+
+def _action_fields(action: Action) -> dict[str, str]:
+    """What the viewer shows of an action besides its kind: the command run or the path written."""
+    if action.kind == "run":
+        return {"command": action.content}
+    if action.kind == "write":
+        return {"path": action.path}
+    return {}
+
+
+def _act(agent: AgentConfig, task: Task, sb: Sandbox, action: Action) -> tuple[str, str]:
+    """Carry out ``action``; returns (feedback, finish reason or '')."""
     limit = agent.max_tool_output_chars
     if action.kind == "submit":
         return "", "submit"

@@ -62,6 +62,15 @@ class Trajectory:
     :mod:`shipyard.envs.grading.rewards`); ``reward`` is their weighted composite."""
     flags: list[str] = field(default_factory=list)
     """Anti-cheat flags that fired on the session (:data:`shipyard.envs.grading.anticheat.FLAGS`)."""
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """The segment turn by turn, for people (``shipyard view``): each ``{"role", "start", "end",
+    "text", ...}`` covers ``token_ids[start:end]``. Roles: ``prompt`` (with ``system``), ``assistant``
+    (with ``action``: ``run`` + ``command``, ``write`` + ``path``, ``submit`` or ``none``),
+    ``tool`` (the harness's reply), ``summary`` (the sampled summary that ends a segment)."""
+    changes: str = ""
+    """Unified diff of the workspace files the session changed (last segment only; "" elsewhere)."""
+    grade: dict[str, Any] = field(default_factory=dict)
+    """The grader's report (per-test outcomes, log tail, reason, judge verdict), last segment only."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -432,6 +432,10 @@ class TrainerConfig(_Section):
     """Policy loss, advantage baseline, sampler/trainer mismatch correction and KL to the reference."""
     keep_checkpoints: int = Field(2, ge=1)
     """Resumable checkpoints kept (one is written every step, before its version is published)."""
+    record_logprobs: bool = True
+    """Write each step's per-token trainer logprobs (before the update, at the sampled positions) to
+    `run_dir/logprobs/step-NNNNNN.json.gz`: the trainer side of the per-token mismatch view of
+    `shipyard view`. About 6 bytes per sampled token, compressed."""
     wait_timeout_s: float = Field(600.0, gt=0)
     """Fail if no rollout arrives for this long."""
     threads: int = Field(1, ge=1)

@@ -31,6 +31,7 @@ from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
 from shipyard.trainer.feed import RolloutFeed, Taken
+from shipyard.trainer.records import write_step_logprobs
 from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
 
 
@@ -42,6 +43,8 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
     identity = read_identity(store)  # the run this trainer trains: its rollouts only
     model, tok, optimizer, tcfg, precision = _policy(cfg)
     step_kw = {
+        "cfg": tcfg,
+        "pad_id": tok.pad_token_id,
         "temperature": cfg.sampling.temperature,
         "ref_model": _reference_model(cfg),
         "seam": _router_seam(model, cfg),
@@ -65,15 +68,11 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         )
         batch = batch_advantages(taken.groups, cfg.trainer.loss, cfg.agent.summary)
         t1 = time.time()
+        tokens: dict[str, list[float]] | None = {} if cfg.trainer.record_logprobs else None
         stats = train_step(
-            model, optimizer, batch.trajectories, batch.advantages, tcfg, tok.pad_token_id, **step_kw
+            model, optimizer, batch.trajectories, batch.advantages, trainer_logprobs=tokens, **step_kw
         )
-        record = {
-            "kind": "train",
-            **_named({**stats, **batch.stats}),
-            **_rollout_metrics(taken, [t for group in taken.groups for t in group]),
-            **_timing(t0, t1, time.time(), t_start),
-        }
+        record = _train_record(taken, {**stats, **batch.stats}, _timing(t0, t1, time.time(), t_start))
         groups = [g[0].group_id for g in taken.groups]
         state = {
             "step": step,
@@ -82,6 +81,8 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
             "elapsed_s": time.time() - t_start,
             "log": {"train": record, "groups": groups},  # re-logged on resume if the kill came first
         }
+        if tokens is not None:
+            write_step_logprobs(run_dir, step, tokens)
         save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
         manifest = publisher.publish(step, named_params(model))
         logger.log(step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest})
@@ -93,6 +94,12 @@ def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, A
         "precision": precision,
         "foreign_rejected": feed.foreign_rejected,
     }
+
+
+def _train_record(taken: Taken, stats: dict[str, float], timing: dict[str, float]) -> dict[str, Any]:
+    """The step's ``train`` metrics record: trainer, batch, rollout and timing figures."""
+    trajs = [t for group in taken.groups for t in group]
+    return {"kind": "train", **_named(stats), **_rollout_metrics(taken, trajs), **timing}
 
 
 def _finish(cfg: ShipyardConfig, store: Store, logger: MetricsLogger, publisher: WeightPublisher) -> None:

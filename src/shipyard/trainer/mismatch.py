@@ -82,12 +82,24 @@ def is_mismatch_key(key: str) -> bool:
 
 
 class MismatchAccumulator:
-    """Per-token mismatch values over micro-batches; :meth:`result` gives the step's float metrics."""
+    """Per-token mismatch values over micro-batches; :meth:`result` gives the step's float metrics.
 
-    def __init__(self) -> None:
+    With ``tokens`` (a dict to fill), :meth:`keep` also records each sequence's trainer logprobs at
+    its loss positions, in order (rounded to 1e-4), under the caller's key: what a person compares
+    token by token with the sampler's (``shipyard view``)."""
+
+    def __init__(self, tokens: dict[str, list[float]] | None = None) -> None:
         self._parts: dict[str, list[Tensor]] = {
             k: [] for k in ("log_rho", "p_mu", "dp", "w", "masked", "trunc")
         }
+        self.tokens = tokens
+
+    def keep(self, keys: list[str], old_logprobs_BT: Tensor, mask_BT: Tensor) -> None:
+        """Record row ``b``'s trainer logprobs at its loss positions under ``keys[b]`` (if keeping)."""
+        if self.tokens is None:
+            return
+        for key, row_T, mask_T in zip(keys, old_logprobs_BT.detach().float(), mask_BT.bool(), strict=True):
+            self.tokens[key] = [round(v, 4) for v in row_T[mask_T].tolist()]
 
     def add(
         self, old_logprobs_BT: Tensor, infer_logprobs_BT: Tensor, mask_BT: Tensor, corr: Correction

@@ -51,6 +51,7 @@ from shipyard.trainer.corrections import correction_weights
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.loss import StepNorm, policy_loss
 from shipyard.trainer.mismatch import MismatchAccumulator
+from shipyard.trainer.records import token_key
 
 
 def freeze_lower_layers(model: torch.nn.Module, train_layers: int) -> int:
@@ -89,8 +90,14 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainerConfig) -> torch.optim.Ad
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def _check_batch(trajectories: list[Trajectory], advantages: list[float], cfg: TrainerConfig) -> StepNorm:
+def _check_batch(
+    trajectories: list[Trajectory], advantages: list[float], cfg: TrainerConfig, ref_model: Any | None
+) -> StepNorm:
     """Validate the batch; returns the loss denominators of the whole step."""
+    if cfg.loss.kl_coef > 0 and ref_model is None:
+        raise ValueError(
+            f"trainer.loss.kl_coef={cfg.loss.kl_coef} > 0 needs ref_model (a frozen copy of the base model)"
+        )
     if not trajectories:
         raise ValueError("train_step needs at least one trajectory")
     if len(advantages) != len(trajectories):
@@ -139,6 +146,7 @@ def _micro_batch_loss(
     low, high = cfg.loss.correction_bounds()
     corr = correction_weights(cfg.loss.correction, old_BT - infer_BT, mask_BT, low=low, high=high)
     mismatch.add(old_BT, infer_BT, mask_BT, corr)
+    mismatch.keep([token_key(t) for t in chunk], old_BT, mask_BT)
     clip_low, clip_high = cfg.loss.clip_range()
     return policy_loss(
         cfg.loss.type,
@@ -174,19 +182,18 @@ def train_step(
     temperature: float = 1.0,
     ref_model: Any | None = None,
     seam: RouterSeam | None = None,
+    trainer_logprobs: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
-    """One optimizer step over ``trajectories`` (see module doc); returns float metrics."""
-    norm = _check_batch(trajectories, advantages, cfg)
-    if cfg.loss.kl_coef > 0 and ref_model is None:
-        raise ValueError(
-            f"trainer.loss.kl_coef={cfg.loss.kl_coef} > 0 needs ref_model (a frozen copy of the base model)"
-        )
+    """One optimizer step over ``trajectories`` (see module doc); returns float metrics. With
+    ``trainer_logprobs`` (a dict), fills it with each trajectory's logprobs under the trainer before
+    the update, at its sampled positions in order, keyed by :func:`~shipyard.trainer.records.token_key`."""
+    norm = _check_batch(trajectories, advantages, cfg, ref_model)
     device = next(model.parameters()).device
     cfg = _resolve_precision(cfg, device.type)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, Tensor] = {}
-    mismatch = MismatchAccumulator()
+    mismatch = MismatchAccumulator(trainer_logprobs)
     if seam is not None:
         seam.reset_disagreement()
     for start in range(0, len(trajectories), cfg.micro_batch):

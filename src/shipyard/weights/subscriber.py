@@ -17,14 +17,16 @@ The subscriber renews ``weights/subscribers/<name>.json`` (its version and a hea
 :mod:`shipyard.weights.leases`), so garbage collection keeps the deltas it needs; ``stop``
 removes the record. Memory: the live weights plus one staging copy.
 
-Each adoption is recorded in ``adopted``: version, wall-clock time, steps taken (``"7:delta"``), bytes fetched,
-fetch/decode seconds, the pause. Example::
+Each adoption is recorded in ``adopted`` and in the store (``weights/adoptions/<name>/<v>.json``):
+version, wall-clock time, the version's publication time, steps taken (``"7:delta"``), bytes
+fetched, fetch/decode seconds, the pause. Example::
 
     sub = WeightSubscriber(store, EngineSink(engine), name="server-0").start()
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -39,6 +41,7 @@ from shipyard.store.types import Store
 from shipyard.weights.feed import FeedFollower, Push
 from shipyard.weights.leases import remove_record, write_record
 from shipyard.weights.publisher import named_params
+from shipyard.weights.types import ADOPTIONS_PREFIX
 from shipyard.weights.versions import VersionReader, reach, read_latest
 
 
@@ -163,19 +166,21 @@ class WeightSubscriber:
         pause = self.sink.stage(latest, {k: got.state[k] for k in got.changed}, positions)
         self._verified = True
         self._staging_version = latest if set(got.state) == set(live) else None
-        self.adopted.append(
-            {
-                "version": latest,
-                "from": cur,
-                "at": time.time(),
-                "path": [f"{s.version}:{s.encoding}" for s in got.path],
-                "bytes": self.reader.stats.bytes_fetched - fetched0,
-                "ready_s": ready - t0,
-                "pause_s": pause,
-                "changed_tensors": len(got.changed),
-                "recovered": got.errors,
-            }
-        )
+        manifest = self.reader.manifests.get(latest)
+        event = {
+            "version": latest,
+            "from": cur,
+            "at": time.time(),
+            "published_at": manifest.created_at if manifest is not None else None,
+            "path": [f"{s.version}:{s.encoding}" for s in got.path],
+            "bytes": self.reader.stats.bytes_fetched - fetched0,
+            "ready_s": ready - t0,
+            "pause_s": pause,
+            "changed_tensors": len(got.changed),
+            "recovered": got.errors,
+        }
+        self.adopted.append(event)
+        self.store.put(f"{ADOPTIONS_PREFIX}{self.name}/{latest:08d}.json", json.dumps(event).encode())
         self._renew(latest)
         self.reader.clear_cache(below=latest)
         return True

@@ -8,6 +8,9 @@ Layout (keys in the store)::
                                             shards; then a copy of its manifest (one GET of the
                                             head tells a poller what to fetch; see LatestHead)
     weights/subscribers/<name>.json         a subscriber's adopted version and heartbeat
+    weights/adoptions/<name>/<v:08d>.json   one record per version a subscriber adopted: when, how
+                                            (path, bytes, seconds, pause), and the version's
+                                            publication time (what ``shipyard view`` charts)
 
 A *version* is an integer training step (0 = the base model). Its manifest lists every tensor
 (dtype, shape, digest of the decoded tensor), the digest of the whole state, the parent version,
@@ -37,6 +40,7 @@ from typing import Any
 WEIGHTS_PREFIX = "weights/"
 LATEST_KEY = "weights/LATEST"
 SUBSCRIBERS_PREFIX = "weights/subscribers/"
+ADOPTIONS_PREFIX = "weights/adoptions/"
 MANIFEST_FORMAT = 2
 CODEC_DELTA = "sywc1-delta"
 CODEC_SNAPSHOT = "sywc1-snapshot"
