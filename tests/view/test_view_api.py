@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from shipyard.config.schema import ModelConfig, StoreConfig
+from shipyard.eval.stats import paired_diff_ci
 from shipyard.metrics.logger import read_metrics
 from shipyard.models.loading import load_tokenizer
 from shipyard.rollout.types import RolloutBatch
@@ -221,6 +222,15 @@ def test_evals_come_with_their_intervals(tiny_run, tmp_path: Path) -> None:
     )
     assert after["value"] == 0.7 and after["low"] < 0.7 < after["high"]
     assert (diff["value"], diff["low"], diff["high"]) == (0.1, 0.02, 0.18)
+    after_passed = [1] * 60 + [1] * 15 + [0] * 25  # 15 tasks fixed, 5 broken below
+    after_passed[:5] = [0] * 5
+    (copy / "eval_after.json").write_text(json.dumps({"task_ids": ["a"] * 100, "passed": after_passed}))
+    _, after, diff = RunReader(copy).evals()
+    assert after["value"] == 0.7 and diff["name"] == "held-out difference (paired)"
+    expected = paired_diff_ci([1.0] * 60 + [0.0] * 40, [float(p) for p in after_passed])
+    assert (diff["value"], diff["low"], diff["high"]) == pytest.approx(expected) and expected[
+        0
+    ] == pytest.approx(0.1)
 
 
 def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Contract: starts the inference servers, evaluates the base policy on ``eval.held
 held-out tasks (once per run directory: a resumed run reuses ``eval_before.json``), starts the
 trainer and rollout workers, shows live progress until the trainer finishes, stops rollout
 generation, waits for the servers to adopt the final version, evaluates again on the same
-tasks, and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
+tasks (per task in ``run_dir/eval_after.json``), and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
 ``<results_dir>/demo.json`` (``heldout_n``, ``heldout_before``, ``heldout_after``,
 ``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``). Rerunning the same command after a
 crash resumes the trainer from its last checkpoint.
@@ -75,6 +75,8 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
             "inference": client.stats().get("precision"),
         }
         after = _run_eval("after", spec, heldout, cfg) if before is not None else None
+        if after is not None:
+            _write_json(run_dir / "eval_after.json", after.__dict__)
     finally:
         placement.stop()
     return _report(cfg, run_dir, result, before, after, t0)
@@ -110,8 +112,15 @@ def _eval_once(
         )
         return None
     res = _run_eval("before", spec, tasks, cfg)
-    path.write_text(json.dumps(res.__dict__))
+    _write_json(path, res.__dict__)
     return res
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def _run_eval(label: str, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.agent.types import Trajectory
-from shipyard.eval.stats import wilson_ci
+from shipyard.eval.stats import paired_diff_ci, wilson_ci
 from shipyard.trainer.records import read_step_logprobs, token_key
 from shipyard.view.index import RolloutIndex
 from shipyard.view.types import RolloutQuery
@@ -161,18 +161,29 @@ class RunReader:
         return "running" if age < LIVE_S else "stopped"
 
     def evals(self) -> list[dict[str, Any]]:
-        """Held-out evaluations with their 95% intervals (Wilson for a rate, paired for a difference)."""
+        """Held-out evaluations with their 95% intervals (Wilson for a rate, paired for a difference):
+        ``eval_before.json`` and ``eval_after.json`` per task, else the after figures of ``summary.json``."""
         out = []
-        before = self._json("eval_before.json")
-        if before is not None and before.get("passed"):
-            k, n = sum(before["passed"]), len(before["passed"])
-            lo, hi = wilson_ci(k, n)
-            out.append({"name": "held-out pass@1 before", "n": n, "value": k / n, "low": lo, "high": hi})
+        before, after = self._json("eval_before.json"), self._json("eval_after.json")
+        for label, res in (("before", before), ("after", after)):
+            if res is not None and res.get("passed"):
+                k, n = sum(res["passed"]), len(res["passed"])
+                lo, hi = wilson_ci(k, n)
+                out.append(
+                    {"name": f"held-out pass@1 {label}", "n": n, "value": k / n, "low": lo, "high": hi}
+                )
+        if before and after and before.get("task_ids") == after.get("task_ids"):
+            diff, lo, hi = paired_diff_ci(
+                [float(p) for p in before["passed"]], [float(p) for p in after["passed"]]
+            )
+            n = len(before["passed"])
+            out.append({"name": "held-out difference (paired)", "n": n, "value": diff, "low": lo, "high": hi})
+            return out
         demo = (self._json("summary.json") or {}).get("demo")
         if demo is not None:
-            n, after = demo["heldout_n"], demo["heldout_after"]
-            lo, hi = wilson_ci(round(after * n), n)
-            out.append({"name": "held-out pass@1 after", "n": n, "value": after, "low": lo, "high": hi})
+            n, rate = demo["heldout_n"], demo["heldout_after"]
+            lo, hi = wilson_ci(round(rate * n), n)
+            out.append({"name": "held-out pass@1 after", "n": n, "value": rate, "low": lo, "high": hi})
             out.append(
                 {
                     "name": "held-out difference (paired)",
