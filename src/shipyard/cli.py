@@ -106,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
 def _view(args: argparse.Namespace) -> int:
     from shipyard.view.server import serve_view
 
+    _stop_on_signals()
     try:
         serve_view(args.run_dirs, args.host, args.port)
     except ValueError as e:
         print(f"shipyard view: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, after the server shut down
+        pass
     return 0
 
 

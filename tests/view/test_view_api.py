@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,31 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_serves_the_runs_on_loopback(tiny_run) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "shipyard.cli", "view", str(tiny_run[0]), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"tiny at http://127.0.0.1:{port}/" in line, line
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5) as r:
+                    runs = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert [r["label"] for r in runs] == ["tiny"] and runs[0]["steps_done"] == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            assert b"shipyard view" in r.read()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

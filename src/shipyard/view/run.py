@@ -12,7 +12,7 @@ shows its new steps:
 - :meth:`evals`: held-out pass@1 before/after with 95% intervals (``eval_before.json``,
   ``summary.json``); :meth:`rewards`: the per-step reward distribution of trained rollouts;
 - :meth:`servers`: per inference server, every version it adopted and how long after its
-  publication (``weights/adoptions/`` of the run's store) and its lease;
+  publication (``adoptions/`` of the run's store) and its lease;
 - :meth:`rollouts` / :meth:`rollout`: the paged rollout list (:mod:`shipyard.view.index`) and one
   whole session: turns, tool calls and outputs, the diff of the files it changed, the grader's
   report, summaries at segment boundaries, and per sampled token its text, the sampler's logprob

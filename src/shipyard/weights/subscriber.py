@@ -17,7 +17,7 @@ The subscriber renews ``weights/subscribers/<name>.json`` (its version and a hea
 :mod:`shipyard.weights.leases`), so garbage collection keeps the deltas it needs; ``stop``
 removes the record. Memory: the live weights plus one staging copy.
 
-Each adoption is recorded in ``adopted`` and in the store (``weights/adoptions/<name>/<v>.json``):
+Each adoption is recorded in ``adopted`` and in the store (``adoptions/<name>/<v>.json``):
 version, wall-clock time, the version's publication time, steps taken (``"7:delta"``), bytes
 fetched, fetch/decode seconds, the pause. Example::
 

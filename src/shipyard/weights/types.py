@@ -8,7 +8,7 @@ Layout (keys in the store)::
                                             shards; then a copy of its manifest (one GET of the
                                             head tells a poller what to fetch; see LatestHead)
     weights/subscribers/<name>.json         a subscriber's adopted version and heartbeat
-    weights/adoptions/<name>/<v:08d>.json   one record per version a subscriber adopted: when, how
+    adoptions/<name>/<v:08d>.json           one record per version a subscriber adopted: when, how
                                             (path, bytes, seconds, pause), and the version's
                                             publication time (what ``shipyard view`` charts)
 
@@ -40,7 +40,9 @@ from typing import Any
 WEIGHTS_PREFIX = "weights/"
 LATEST_KEY = "weights/LATEST"
 SUBSCRIBERS_PREFIX = "weights/subscribers/"
-ADOPTIONS_PREFIX = "weights/adoptions/"
+ADOPTIONS_PREFIX = "adoptions/"
+"""Outside ``weights/``: records accumulate (one per version per server) and garbage collection, which
+lists ``weights/`` on every publish, never needs to see them."""
 MANIFEST_FORMAT = 2
 CODEC_DELTA = "sywc1-delta"
 CODEC_SNAPSHOT = "sywc1-snapshot"
