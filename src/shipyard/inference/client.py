@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.server import BatchScheduler
+from shipyard.inference.scheduler import BatchScheduler
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
 
@@ -100,7 +100,7 @@ def _raise_for(resp: httpx.Response) -> None:
     """ValueError for a 400 (our malformed request), httpx.HTTPStatusError for other failures."""
     if resp.status_code == 400:
         try:
-            detail = resp.json().get("detail", resp.text)
+            detail = resp.json().get("error", {}).get("message", resp.text)
         except ValueError:
             detail = resp.text
         raise ValueError(f"inference server rejected the request: {detail}")

@@ -82,12 +82,25 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
+from shipyard.inference.sampling import adjust_logits, sample_tokens, top_logprobs
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import encode_routes
 
-Job = tuple[GenerateRequest, "Callable[[GenerateResult], None]"]
-"""A request to admit and the callback that receives its result."""
+MAX_TOP_LOGPROBS = 20
+"""Most candidates a request may ask per token (OpenAI's limit)."""
+
+
+@dataclass
+class Job:
+    """A request to admit, the callback that receives its result, and the caller's optional hooks."""
+
+    request: GenerateRequest
+    done: Callable[[GenerateResult], None]
+    cancelled: Callable[[], bool] | None = None
+    """Polled once per decode step: True ends the row with ``finish_reason = "abort"`` (the tokens so far)."""
+    on_token: Callable[[int, float, list[tuple[int, float]] | None], None] | None = None
+    """Called (on the engine's thread) with each sampled token, its logprob and its top logprobs."""
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Row:
     request: GenerateRequest
     done: Callable[[GenerateResult], None]
     """Called with the row's result the step it finishes."""
+    job: Job
     prompt_len: int
     params: SamplingParams
     generator: torch.Generator
@@ -109,65 +123,8 @@ class _Row:
     """The engine's weights epoch when the row was admitted (its KV cache is reusable only in that epoch)."""
     routes: list[torch.Tensor] = field(default_factory=list)
     """Pieces ``[n, L, K]`` (int16) of the experts used by each forwarded position, in order."""
-
-
-NUCLEUS_TOPK = 1024
-"""Top-p rows look for their nucleus among this many most likely tokens before sorting the vocabulary."""
-
-
-def sample_tokens(
-    logits_BV: torch.Tensor, temps_B: torch.Tensor, top_p_B: torch.Tensor, generators: list[torch.Generator]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; returns ``(tokens_B, logprobs_B)``.
-
-    Greedy rows (T = 0) take the argmax and draw no random number. Sampling rows draw one uniform
-    from their own generator and invert the CDF of the tempered distribution (in vocabulary order
-    when top_p = 1, in descending-probability order over the top-p nucleus otherwise), so a row's
-    draw depends only on its own logits and generator.
-    """
-    assert logits_BV.dim() == 2 and len(generators) == logits_BV.shape[0]
-    logits_BV = logits_BV.float()
-    greedy_B = temps_B == 0
-    logp_BV = torch.log_softmax(logits_BV / torch.where(greedy_B, 1.0, temps_B)[:, None], dim=-1)
-    tokens_B = logits_BV.argmax(dim=-1)
-    sampling = (~greedy_B).nonzero().flatten().tolist()
-    if sampling:
-        u_S = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampling])
-        rows_S = torch.tensor(sampling, dtype=torch.long)
-        tokens_B[rows_S] = _draw(logp_BV[rows_S].exp(), top_p_B[rows_S].double(), u_S)
-    logprobs_B = logp_BV.gather(1, tokens_B[:, None]).squeeze(1)
-    return tokens_B, logprobs_B
-
-
-def _draw(probs_SV: torch.Tensor, top_p_S: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row: vocabulary order for top_p = 1, else over the sorted nucleus."""
-    tokens_S = torch.zeros(probs_SV.shape[0], dtype=torch.long)
-    plain = (top_p_S >= 1.0).nonzero().flatten()
-    if len(plain):
-        tokens_S[plain] = _invert_cdf(probs_SV[plain].double(), u_S[plain])
-    nucleus = (top_p_S < 1.0).nonzero().flatten()
-    if not len(nucleus):
-        return tokens_S
-    vals_NK, order_NK = probs_SV[nucleus].topk(min(NUCLEUS_TOPK, probs_SV.shape[1]), dim=-1)
-    wide_N = vals_NK.double().sum(dim=-1) < top_p_S[nucleus]
-    parts = [(nucleus[~wide_N], vals_NK[~wide_N], order_NK[~wide_N])]
-    if bool(wide_N.any()):
-        parts.append((nucleus[wide_N], *probs_SV[nucleus[wide_N]].sort(dim=-1, descending=True, stable=True)))
-    for rows_R, vals_RK, order_RK in parts:
-        if len(rows_R):
-            vals_RK = vals_RK.double()
-            keep_RK = (vals_RK.cumsum(dim=-1) - vals_RK) < top_p_S[rows_R, None]
-            pos_R = _invert_cdf(vals_RK * keep_RK, u_S[rows_R])
-            tokens_S[rows_R] = order_RK.gather(1, pos_R[:, None]).squeeze(1)
-    return tokens_S
-
-
-def _invert_cdf(weights_SK: torch.Tensor, u_S: torch.Tensor) -> torch.Tensor:
-    """Index k with cdf[k-1] <= u * total < cdf[k]; never a zero-weight index."""
-    cdf_SK = weights_SK.cumsum(dim=-1)
-    total_S = cdf_SK[:, -1]
-    target_S = torch.minimum(u_S * total_S, torch.nextafter(total_S, torch.zeros_like(total_S)))
-    return torch.searchsorted(cdf_SK, target_S[:, None], right=True).squeeze(1)
+    top: list[list[tuple[int, float]]] | None = None
+    """Top logprobs per sampled token (when ``params.top_logprobs > 0``)."""
 
 
 _WeightOp = tuple[torch.Tensor | None, torch.Tensor]
@@ -330,9 +287,11 @@ class EmbeddedEngine:
             "joins": 0,
             "prefix_hits": 0,
             "prefix_tokens": 0,
+            "aborted": 0,
         }
         """``batches``: prefills (admissions); ``joins``: admissions into a running batch;
-        ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served from the prefix cache."""
+        ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served from the prefix cache;
+        ``aborted``: rows ended early because their caller cancelled them."""
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids(model, tokenizer)
@@ -477,8 +436,25 @@ class EmbeddedEngine:
                 raise ValueError(f"request {i}: stop must be a list of non-empty strings")
             if p.seed is not None and not (isinstance(p.seed, int) and -(2**63) <= p.seed < 2**64):
                 raise ValueError(f"request {i}: seed={p.seed!r} must be a 64-bit int or None")
+            self._check_logit_controls(i, p)
             if req.prompt_routes is not None:
                 self._check_prompt_routes(i, req)
+
+    def _check_logit_controls(self, i: int, p: SamplingParams) -> None:
+        if not (isinstance(p.top_logprobs, int) and 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(
+                f"request {i}: top_logprobs={p.top_logprobs!r} must be an int in [0, {MAX_TOP_LOGPROBS}]"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(p, name)
+            if not (isinstance(value, int | float) and -2 <= value <= 2):
+                raise ValueError(f"request {i}: {name}={value!r} must be a number in [-2, 2]")
+        for tok, bias in p.logit_bias.items():
+            if not 0 <= tok < self.vocab_size or not -100 <= bias <= 100:
+                raise ValueError(
+                    f"request {i}: logit_bias {{{tok}: {bias}}} needs a token id in [0, {self.vocab_size}) "
+                    "and a bias in [-100, 100]"
+                )
 
     def _check_prompt_routes(self, i: int, req: GenerateRequest) -> None:
         if self.seam is None:
@@ -502,7 +478,7 @@ class EmbeddedEngine:
             jobs: list[Job] = []
             while waiting and len(jobs) < free:
                 i, req = waiting.popleft()
-                jobs.append((req, partial(results.__setitem__, i)))
+                jobs.append(Job(req, partial(results.__setitem__, i)))
             return jobs
 
         self.serve(take)
@@ -548,7 +524,7 @@ class EmbeddedEngine:
             )
         if batch is None:
             self.apply_pending()
-        rows = [self._new_row(req, done) for req, done in jobs]
+        rows = [self._new_row(job) for job in jobs]
         hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
         cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
         parts = [self._prefill(cold)] if cold else []
@@ -571,13 +547,21 @@ class EmbeddedEngine:
     def _step(self, batch: _Batch, logits_BV: torch.Tensor) -> tuple[_Batch | None, torch.Tensor]:
         """Sample a token per row, hand finished rows their results, decode the others one step."""
         gens = [r.generator for r in batch.rows]
+        logits_BV = adjust_logits(
+            logits_BV, [r.params for r in batch.rows], [r.token_ids for r in batch.rows]
+        )
         tokens_B, logprobs_B = sample_tokens(logits_BV, batch.temps_B, batch.top_p_B, gens)
+        for b, row in enumerate(batch.rows):
+            if row.top is not None:
+                row.top.append(top_logprobs(logits_BV[b], row.params.temperature, row.params.top_logprobs))
         keep = self._record(batch.rows, tokens_B.tolist(), logprobs_B.tolist(), self.version)
         for b, row in enumerate(batch.rows):
             if row.finish is not None:
                 self._store_prefix(batch, b, row)
                 row.done(
-                    GenerateResult(row.token_ids, row.logprobs, row.versions, row.finish, self._routes(row))
+                    GenerateResult(
+                        row.token_ids, row.logprobs, row.versions, row.finish, self._routes(row), row.top
+                    )
                 )
         if not keep:
             return None, logits_BV
@@ -607,12 +591,17 @@ class EmbeddedEngine:
         values = [layer.values[b][:, cols_N] for layer in batch.cache.layers]
         self.prefix.put(PrefixEntry(tokens, keys, values))
 
-    def _new_row(self, req: GenerateRequest, done: Callable[[GenerateResult], None]) -> _Row:
+    def _new_row(self, job: Job) -> _Row:
+        req = job.request
         gen = torch.Generator()
         seed = req.params.seed if req.params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         gen.manual_seed(seed)
         longest = max((len(s) for s in req.params.stop), default=0)
-        return _Row(req, done, len(req.prompt_ids), req.params, gen, 2 * longest + 8, epoch=self._epoch)
+        row = _Row(
+            req, job.done, job, len(req.prompt_ids), req.params, gen, 2 * longest + 8, epoch=self._epoch
+        )
+        row.top = [] if req.params.top_logprobs > 0 else None
+        return row
 
     # ---------------------------------------------------------------------------------- decoding
 
@@ -703,7 +692,12 @@ class EmbeddedEngine:
             row.logprobs.append(lp)
             row.versions.append(version)
             self.stats["generated_tokens"] += 1
-            if tok in self.eos_ids:
+            if row.job.on_token is not None:
+                row.job.on_token(tok, lp, row.top[-1] if row.top else None)
+            if row.job.cancelled is not None and row.job.cancelled():
+                row.finish = "abort"
+                self.stats["aborted"] += 1
+            elif tok in self.eos_ids:
                 row.finish = "eos"
             elif row.params.stop and self._hit_stop(row):
                 row.finish = "stop"

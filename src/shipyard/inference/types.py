@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-FinishReason = Literal["eos", "stop", "length"]
+FinishReason = Literal["eos", "stop", "length", "abort"]
+"""``abort``: the caller cancelled the request (its client went away, or the server shut down)."""
 
 
 @dataclass
@@ -29,6 +30,17 @@ class SamplingParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    top_logprobs: int = 0
+    """Also return, per sampled token, this many most likely tokens with their logprobs."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already generated (OpenAI's definition)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was generated (OpenAI's definition)."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to the logits of these token ids before sampling."""
+
+    def __post_init__(self) -> None:
+        self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}  # JSON keys are strings
 
 
 @dataclass
@@ -62,6 +74,8 @@ class GenerateResult:
     """MoE experts used for every forwarded position of prompt + sampled tokens (all but the last
     sampled token, which is never forwarded), a :mod:`shipyard.models.routes` record; None for a
     dense model or an engine that does not record routes."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per sampled token, the ``params.top_logprobs`` most likely (token id, logprob) (None when 0)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
