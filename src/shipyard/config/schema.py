@@ -67,6 +67,13 @@ class InferenceConfig(_Section):
     """Address `shipyard serve` and the train run's servers bind to."""
     port: int = Field(0, ge=0, le=65535)
     """Port for `shipyard serve`; 0 picks a free one."""
+    served_model_name: str = ""
+    """The model id the OpenAI-compatible server answers to (empty: the last part of the model's path)."""
+    max_n: int = Field(8, ge=1)
+    """Most choices (`n`) one chat-completion request may ask for; more is refused with 400."""
+    drain_s: float = Field(5.0, ge=0)
+    """On shutdown, how long running requests may go on before they are cancelled (they answer with
+    what they have, `finish_reason` `abort`)."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads for the engine."""
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
@@ -583,7 +590,8 @@ class JudgeConfig(_Section):
     `judge` component has weight. `"self"`: each rollout worker's own inference server (the policy being
     trained judges; its verdicts move with the weights; see `shipyard.envs.grading.judge`)."""
     model: str = ""
-    """Model name sent to the endpoint (Shipyard's server ignores it)."""
+    """Model id sent to the endpoint (empty: none is sent, and a server of one model, Shipyard's or
+    vLLM's, answers with it; Shipyard's server refuses an id it does not serve, with 404)."""
     api_key_env: str = ""
     """Environment variable holding the endpoint's API key (none: no Authorization header)."""
     rubric: dict[str, str] = {

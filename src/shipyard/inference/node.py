@@ -38,7 +38,15 @@ class InferenceNode:
             prefix_cache_mb=cfg.inference.prefix_cache_mb,
         )
         self.engine.precision = precision
-        self.server = InferenceServer(self.engine, host=cfg.inference.host, port=port)
+        inf = cfg.inference
+        self.server = InferenceServer(
+            self.engine,
+            host=inf.host,
+            port=port,
+            model_name=inf.served_model_name or None,
+            max_n=inf.max_n,
+            drain_s=inf.drain_s,
+        )
         self.server.start()
         self.subscriber = WeightSubscriber(
             store,

@@ -165,7 +165,7 @@ class RubricJudge:
         """The verdict on ``changes`` (never raises for a failing judge; see :class:`Verdict`)."""
         zero = {a: 0.0 for a in self.cfg.rubric}
         body = {
-            "model": self.cfg.model or "judge",
+            **({"model": self.cfg.model} if self.cfg.model else {}),
             "messages": self.messages(task_prompt, changes),
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
