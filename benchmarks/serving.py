@@ -6,7 +6,8 @@ requests):
 1. load: concurrency 1, 2, 4, 8, 16, 32 (requests of 32 tokens): latency p50/p99 and tokens/s;
 2. starvation: short requests (8 tokens) one after another on an idle server, then while every
    slot is kept busy with long ones (512 tokens, above the scheduler's 256-token "short" bound):
-   p99 of each and their ratio (target <= 3);
+   p99 of each and their ratio (target <= 3), for our scheduler and for the baseline, plain
+   arrival order (`reserved_slots=0`, what the server did before);
 3. abandonment: clients that hang up mid-generation (half streaming, half not): the fraction of
    their rows the engine cancels (target 1.0);
 4. shutdown: `stop()` while long requests run: seconds until stopped (target <= 10).
@@ -15,7 +16,8 @@ requests):
 
 Writes `benchmarks/results/serving.json`: per-concurrency `load`, `server_p50_s`, `server_p99_s`
 (at concurrency 8), `tokens_per_s` (at 32), `small_request_p99_s_idle`,
-`small_request_p99_s_under_long_load`, `starvation_ratio`, `abandoned_requests_cancelled_frac`,
+`small_request_p99_s_under_long_load`, `starvation_ratio` (and the FIFO baseline's
+`fifo_starvation_ratio`), `abandoned_requests_cancelled_frac`,
 `shutdown_s`.
 """
 
@@ -158,10 +160,14 @@ def main() -> int:
     model, tok = load_model(ModelConfig(source=source))
     engine = EmbeddedEngine(model, tok, max_batch=8)
     levels = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16, 32]
+    shorts = 5 if args.quick else 20
+    with InferenceServer(engine, model_name=MODEL, reserved_slots=0) as fifo:  # the baseline: arrival order
+        client = openai.OpenAI(base_url=f"{fifo.url}/v1", api_key="unused", max_retries=0, timeout=600)
+        baseline = starvation(client, engine, shorts, 512)
     with InferenceServer(engine, model_name=MODEL) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
         lo = load(client, levels, 8 if args.quick else 32)
-        starve = starvation(client, engine, 5 if args.quick else 20, 512)
+        starve = starvation(client, engine, shorts, 512)
         cancelled = abandonment(server.url, engine, 4 if args.quick else 10)
     stop_s = shutdown(model, tok, 4 if args.quick else 8)
     harness.table(
@@ -174,6 +180,8 @@ def main() -> int:
         "server_p99_s": lo[8]["p99_s"],
         "tokens_per_s": lo[levels[-1]]["tokens_per_s"],
         **starve,
+        "fifo_starvation_ratio": baseline["starvation_ratio"],
+        "fifo_small_request_p99_s_under_long_load": baseline["small_request_p99_s_under_long_load"],
         "abandoned_requests_cancelled_frac": cancelled,
         "shutdown_s": stop_s,
     }

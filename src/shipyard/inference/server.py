@@ -121,9 +121,11 @@ def create_app(
     model_name: str | None = None,
     max_n: int = 8,
     drain_s: float = 5.0,
+    reserved_slots: int | None = None,
 ) -> FastAPI:
-    """The FastAPI app; its scheduler starts on first use and closes (draining) with the app's lifespan."""
-    scheduler = BatchScheduler(engine, gather_window_s=gather_window_s)
+    """The FastAPI app; its scheduler starts on first use and closes (draining) with the app's lifespan.
+    ``reserved_slots``: slots long requests may not take (None: a quarter of ``max_batch``; 0: FIFO)."""
+    scheduler = BatchScheduler(engine, gather_window_s=gather_window_s, reserved_slots=reserved_slots)
     name = served_name(engine, model_name)
 
     @asynccontextmanager
@@ -248,6 +250,7 @@ class InferenceServer:
         model_name: str | None = None,
         max_n: int = 8,
         drain_s: float = 5.0,
+        reserved_slots: int | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port={port} must be in [0, 65535]")
@@ -255,7 +258,7 @@ class InferenceServer:
         self.host = host
         self.port = port
         self.drain_s = drain_s
-        self.app = create_app(engine, gather_window_s, model_name, max_n, drain_s)
+        self.app = create_app(engine, gather_window_s, model_name, max_n, drain_s, reserved_slots)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
