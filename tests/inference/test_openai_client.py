@@ -91,6 +91,7 @@ def test_bad_parameters_are_refused_by_name(oai: openai.OpenAI, served) -> None:
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"extra_body": {"guided_json": {}}}, "guided_json"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"stream": True, "logprobs": True}, "logprobs"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages[0].content[0]",
@@ -102,8 +103,16 @@ def test_bad_parameters_are_refused_by_name(oai: openai.OpenAI, served) -> None:
             oai.chat.completions.create(**kw)
         body = err.value.body
         assert body["param"] == param and body["type"] == "invalid_request_error", (extra, body)
-    raw = httpx.post(f"{served[1].url}/v1/chat/completions", json={"messages": MSG, "max_tokens": 0})
-    assert set(raw.json()) == {"error"} and set(raw.json()["error"]) == {"message", "type", "param", "code"}
+    url = served[1].url
+    for raw in (
+        httpx.post(f"{url}/v1/chat/completions", json={"messages": MSG, "max_tokens": 0}),
+        httpx.get(f"{url}/v1/no-such-route"),
+        httpx.post(
+            f"{url}/generate", json={"requests": [{"prompt_ids": [1], "params": {"logit_bias": {"x": 1}}}]}
+        ),
+    ):
+        assert raw.status_code in (400, 404) and set(raw.json()) == {"error"}, raw.text
+        assert set(raw.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_choices_of_different_requests_never_share_a_seed_stream(oai: openai.OpenAI) -> None:
@@ -237,3 +246,22 @@ def test_shutdown_under_load_drains_then_cancels(model_tok) -> None:
     assert {a.json()["choices"][0]["finish_reason"] for a in answers} == {"abort"}
     left = [t for t in set(threading.enumerate()) - threads_before if t.name.startswith("shipyard-")]
     assert not left, left
+
+
+def test_a_cancelled_request_resolves_even_when_only_part_of_it_started(model_tok) -> None:
+    from shipyard.inference.scheduler import BatchScheduler
+    from shipyard.inference.types import GenerateRequest, SamplingParams
+
+    engine = EmbeddedEngine(*model_tok, max_batch=2)
+    scheduler = BatchScheduler(engine, reserved_slots=0).start()
+    try:
+        reqs = [GenerateRequest([1, 2, 3], SamplingParams(max_tokens=3000, seed=i)) for i in range(4)]
+        ticket = scheduler.submit(reqs)  # two rows start, two wait for a slot
+        while engine.stats["generated_tokens"] < 10:
+            time.sleep(0.01)
+        ticket.cancel_requests()
+        results = ticket.result(timeout=30)
+        assert len(results) == 2 and {r.finish_reason for r in results} == {"abort"}
+        assert all(len(r.token_ids) < 3000 for r in results)
+    finally:
+        scheduler.close(drain_s=1.0)

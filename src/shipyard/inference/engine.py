@@ -692,9 +692,12 @@ class EmbeddedEngine:
             row.logprobs.append(lp)
             row.versions.append(version)
             self.stats["generated_tokens"] += 1
-            if row.job.on_token is not None:
-                row.job.on_token(tok, lp, row.top[-1] if row.top else None)
-            if row.job.cancelled is not None and row.job.cancelled():
+            if (
+                row.job.on_token is not None
+                and not self._notify(row, tok, lp)
+                or row.job.cancelled is not None
+                and row.job.cancelled()
+            ):
                 row.finish = "abort"
                 self.stats["aborted"] += 1
             elif tok in self.eos_ids:
@@ -709,6 +712,17 @@ class EmbeddedEngine:
             else:
                 keep.append(b)
         return keep
+
+    @staticmethod
+    def _notify(row: _Row, tok: int, lp: float) -> bool:
+        """Hand the row's new token to its caller; False (the row is aborted, the batch goes on) if
+        the caller's hook fails, e.g. a stream whose event loop has closed."""
+        assert row.job.on_token is not None
+        try:
+            row.job.on_token(tok, lp, row.top[-1] if row.top else None)
+        except Exception:
+            return False
+        return True
 
     def _hit_stop(self, row: _Row) -> bool:
         tail = self.tokenizer.decode(row.token_ids[-row.stop_window :], skip_special_tokens=False)

@@ -175,6 +175,8 @@ def chat_requests(
         raise OpenAIError(400, f"n={n} exceeds this server's limit of {max_n} choices per request", "n")
     if body.top_logprobs and not body.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    if body.logprobs and body.stream:
+        raise OpenAIError(400, "logprobs are not streamed by this server; ask without stream", "logprobs")
     try:
         prompt = list(
             tokenizer.apply_chat_template(
@@ -219,9 +221,15 @@ def _is_int(key: str, param: str) -> bool:
     return True
 
 
+def _decode(tokenizer: Any, token_ids: list[int]) -> str:
+    """Text of ``token_ids`` without special tokens and without clean-up (so a longer sequence's text
+    extends a shorter one's: what streaming relies on)."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def visible_text(tokenizer: Any, token_ids: list[int], finish: str, stop: list[str]) -> str:
     """The content a client sees: special tokens dropped, cut before the stop string that ended it."""
-    content = tokenizer.decode(token_ids, skip_special_tokens=True)
+    content = _decode(tokenizer, token_ids)
     if finish == "stop":
         cuts = [content.find(s) for s in stop if s in content]
         content = content[: min(cuts)] if cuts else content
@@ -296,7 +304,7 @@ class StreamText:
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        text = _decode(self.tok, self.ids)
         ready = text[: len(text) - self.hold] if self.hold else text
         ready = ready.rstrip("\ufffd")  # a character whose bytes have not all arrived
         if (
@@ -309,7 +317,12 @@ class StreamText:
         return delta
 
     def rest(self, final: str) -> str:
-        return final[len(self.sent) :] if final.startswith(self.sent) else ""
+        """What is left to send of ``final``: past what was sent (past the common prefix, should a
+        decode ever rewrite sent text)."""
+        common = 0
+        while common < min(len(final), len(self.sent)) and final[common] == self.sent[common]:
+            common += 1
+        return final[common:]
 
 
 def sse(data: dict[str, Any] | str) -> str:

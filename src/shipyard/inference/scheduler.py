@@ -174,18 +174,21 @@ class BatchScheduler:
                 if self._closed:
                     return
                 busy = bool(self._queue)
-            if not busy:
-                self.engine.apply_pending()
-                continue
             try:  # serve returns (releasing the engine) once idle with an empty queue
-                self.engine.serve(self._take)
+                if busy:
+                    self.engine.serve(self._take)
+                else:
+                    self.engine.apply_pending()
             except Exception as e:  # the failure belongs to the callers with requests in flight
-                for item in self._inflight:
-                    if not item.ticket.done():
-                        item.ticket.set_exception(e)
-                with self._cond:  # a partly admitted item lost its running rows: it failed as a whole
-                    self._queue = deque(item for item in self._queue if item not in self._inflight)
-                    self._long_running = 0
+                self._fail_inflight(e)
+
+    def _fail_inflight(self, e: Exception) -> None:
+        for item in self._inflight:
+            with contextlib.suppress(InvalidStateError):
+                item.ticket.set_exception(e)
+        with self._cond:  # a partly admitted item lost its running rows: it failed as a whole
+            self._queue = deque(item for item in self._queue if item not in self._inflight)
+            self._inflight, self._long_running = [], 0
 
     def _take(self, free: int, idle: bool) -> list[Job] | None:
         """The engine's admission hook: up to ``free`` queued requests; None when closed or idle and empty."""
@@ -194,7 +197,7 @@ class BatchScheduler:
                 return None
             if idle:
                 self._gather()
-            return self._pop(free)
+            return None if self._closed else self._pop(free)
 
     def _waiting(self) -> int:
         return sum(len(item.requests) - item.admitted for item in self._queue)
@@ -212,6 +215,7 @@ class BatchScheduler:
         """Up to ``free`` queued requests: arrival order, long ones only within their share of slots."""
         jobs: list[Job] = []
         self._inflight = [item for item in self._inflight if not item.ticket.done()]
+        self._drop_cancelled()
         for item in list(self._queue):
             if len(jobs) >= free:
                 break
@@ -232,6 +236,21 @@ class BatchScheduler:
             if item.admitted == len(item.requests):
                 self._queue.remove(item)
         return jobs
+
+    def _drop_cancelled(self) -> None:
+        """Remove cancelled items: one never started fails; one partly started resolves with its
+        started rows (each ends with ``abort`` at the next step), the rest never run."""
+        for item in [item for item in self._queue if item.ticket.stop.is_set()]:
+            self._queue.remove(item)
+            if item.admitted == 0:
+                if item.ticket.set_running_or_notify_cancel():
+                    self._fail_unrun(item)
+                continue
+            item.left -= len(item.requests) - item.admitted
+            item.requests = item.requests[: item.admitted]
+            if item.left == 0:  # its started rows are all done already
+                with contextlib.suppress(InvalidStateError):
+                    item.ticket.set_result([r for r in item.results if r is not None])
 
     def _release(self, long: bool) -> None:
         with self._cond:

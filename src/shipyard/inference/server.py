@@ -34,10 +34,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.openai_api import (
@@ -45,10 +46,14 @@ from shipyard.inference.openai_api import (
     OpenAIError,
     chat_requests,
     chat_response,
+    sse,
     stream_chunks,
 )
 from shipyard.inference.scheduler import BatchScheduler, SchedulerClosed, Ticket
 from shipyard.inference.types import GenerateRequest, GenerateResult
+
+MAX_GENERATE_REQUESTS = 1024
+"""Most requests one ``POST /generate`` may carry (a rollout worker sends one per session turn)."""
 
 
 class GenerateBody(BaseModel):
@@ -110,8 +115,8 @@ def _errors_in_openai_shape(app: FastAPI) -> None:
         )
         return JSONResponse(OpenAIError(400, message, param).body(), status_code=400)
 
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, e: HTTPException) -> JSONResponse:
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException and the router's 404/405
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(OpenAIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
 
 
@@ -140,9 +145,13 @@ def create_app(
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
+        if len(body.requests) > MAX_GENERATE_REQUESTS:
+            raise OpenAIError(
+                400, f"{len(body.requests)} requests in one call; at most {MAX_GENERATE_REQUESTS}", "requests"
+            )
         try:
             requests = [GenerateRequest.from_json(d) for d in body.requests]
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise OpenAIError(400, f"malformed GenerateRequest: {e}", "requests") from e
         return {"results": [r.to_json() for r in await _results(_submit(scheduler, requests), request)]}
 
@@ -195,6 +204,10 @@ def _stream(
         try:
             async for chunk in stream_chunks(events(), tok, body, name, len(requests[0].prompt_ids), stop):
                 yield chunk
+        except Exception as e:  # after the 200 headers: an error event, which the client raises as APIError
+            status = 503 if isinstance(e, SchedulerClosed) else 500
+            yield sse(OpenAIError(status, f"{type(e).__name__}: {e}", type_="server_error").body())
+            yield sse("[DONE]")
         finally:
             ticket.cancel_requests()  # a no-op once finished; stops the rows of a client that left
 
