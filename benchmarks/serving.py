@@ -5,7 +5,7 @@ requests):
 
 1. load: concurrency 1, 2, 4, 8, 16, 32 (requests of 32 tokens): latency p50/p99 and tokens/s;
 2. starvation: short requests (8 tokens) one after another on an idle server, then while every
-   slot is kept busy with long ones (512 tokens, above the scheduler's 256-token "short" bound):
+   slot is kept busy with long ones (320 tokens, above the scheduler's 256-token "short" bound):
    p99 of each and their ratio (target <= 3), for our scheduler and for the baseline, plain
    arrival order (`reserved_slots=0`, what the server did before);
 3. abandonment: clients that hang up mid-generation (half streaming, half not): the fraction of
@@ -141,6 +141,8 @@ def shutdown(model: Any, tok: Any, n: int) -> float:
 
 
 MODEL = "policy"
+LONG_TOKENS = 320
+"""Long requests: above the scheduler's 256-token bound for short ones."""
 
 
 def main() -> int:
@@ -160,14 +162,14 @@ def main() -> int:
     model, tok = load_model(ModelConfig(source=source))
     engine = EmbeddedEngine(model, tok, max_batch=8)
     levels = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16, 32]
-    shorts = 5 if args.quick else 20
+    shorts = 5 if args.quick else 8
     with InferenceServer(engine, model_name=MODEL, reserved_slots=0) as fifo:  # the baseline: arrival order
         client = openai.OpenAI(base_url=f"{fifo.url}/v1", api_key="unused", max_retries=0, timeout=600)
-        baseline = starvation(client, engine, shorts, 512)
+        baseline = starvation(client, engine, shorts, LONG_TOKENS)
     with InferenceServer(engine, model_name=MODEL) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
         lo = load(client, levels, 8 if args.quick else 32)
-        starve = starvation(client, engine, shorts, 512)
+        starve = starvation(client, engine, shorts, LONG_TOKENS)
         cancelled = abandonment(server.url, engine, 4 if args.quick else 10)
     stop_s = shutdown(model, tok, 4 if args.quick else 8)
     harness.table(
@@ -187,7 +189,7 @@ def main() -> int:
     }
     harness.table(
         "fairness, abandonment, shutdown",
-        {"figures": {k: v for k, v in figures.items() if k not in ("load", "model")}},
+        {k: {"value": v} for k, v in figures.items() if k not in ("load", "model")},
     )
     harness.write_results(args, "serving", figures)
     return 0
