@@ -17,17 +17,10 @@ import httpx
 import openai
 import pytest
 
-from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer
-from shipyard.models.loading import load_model
 
 MSG = [{"role": "user", "content": "Write a haiku about the sea."}]
-
-
-@pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    return load_model(ModelConfig(source="tiny", tiny="dense"))
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +34,14 @@ def served(model_tok: tuple[Any, Any]) -> Iterator[tuple[EmbeddedEngine, Inferen
 def oai(served: tuple[EmbeddedEngine, InferenceServer]) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{served[1].url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
         yield c
+
+
+def _until(condition: Any, timeout_s: float = 60.0) -> None:
+    """Wait until ``condition()`` holds (the engine's counters have no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
 
 
 def _idle(engine: EmbeddedEngine, timeout_s: float = 30.0) -> None:
@@ -201,9 +202,10 @@ def test_a_client_that_goes_away_cancels_its_generation(served) -> None:
 
 
 def test_a_short_request_is_not_starved_by_long_ones(served, oai: openai.OpenAI) -> None:
-    engine, _ = served
+    engine, server = served
     _idle(engine)
     done: list[float] = []
+    admitted = engine.stats["sequences"]
 
     def long() -> None:
         oai.chat.completions.create(model="shipyard", messages=MSG, max_tokens=600, temperature=1.0)
@@ -212,7 +214,8 @@ def test_a_short_request_is_not_starved_by_long_ones(served, oai: openai.OpenAI)
     threads = [threading.Thread(target=long) for _ in range(engine.max_batch)]  # more than their share
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    share = server.app.state.scheduler.long_slots  # the long rows that can run: the rest wait
+    _until(lambda: engine.stats["sequences"] - admitted >= share)
     t0 = time.monotonic()
     oai.chat.completions.create(model="shipyard", messages=MSG, max_tokens=8, temperature=1.0)
     short_at = time.monotonic()
@@ -235,7 +238,7 @@ def test_shutdown_under_load_drains_then_cancels(model_tok) -> None:
     threads = [threading.Thread(target=call) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    _until(lambda: engine.stats["sequences"] == 3)  # all three are generating
     t0 = time.monotonic()
     server.stop()
     took = time.monotonic() - t0
@@ -256,9 +259,15 @@ def test_a_cancelled_request_resolves_even_when_only_part_of_it_started(model_to
     scheduler = BatchScheduler(engine, reserved_slots=0).start()
     try:
         reqs = [GenerateRequest([1, 2, 3], SamplingParams(max_tokens=3000, seed=i)) for i in range(4)]
-        ticket = scheduler.submit(reqs)  # two rows start, two wait for a slot
-        while engine.stats["generated_tokens"] < 10:
-            time.sleep(0.01)
+        tokens, flowing = [0], threading.Event()
+
+        def count(*_: Any) -> None:
+            tokens[0] += 1
+            if tokens[0] >= 10:
+                flowing.set()
+
+        ticket = scheduler.submit(reqs, on_token=count)  # two rows start, two wait for a slot
+        assert flowing.wait(30)
         ticket.cancel_requests()
         results = ticket.result(timeout=30)
         assert len(results) == 2 and {r.finish_reason for r in results} == {"abort"}

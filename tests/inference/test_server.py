@@ -29,11 +29,6 @@ from shipyard.models.loading import load_model
 
 
 @pytest.fixture(scope="module")
-def model_tok() -> tuple[Any, Any]:
-    return load_model(ModelConfig(source="tiny", tiny="dense"))
-
-
-@pytest.fixture(scope="module")
 def served(model_tok: tuple[Any, Any]) -> Iterator[tuple[EmbeddedEngine, InferenceServer]]:
     engine = EmbeddedEngine(*model_tok, max_batch=8)
     with InferenceServer(engine, gather_window_s=0.05, model_name="tiny") as server:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -24,7 +22,7 @@ import uvicorn
 
 from shipyard.metrics.logger import read_metrics
 from shipyard.view.run import RunReader
-from shipyard.view.server import Runs, make_app
+from shipyard.view.server import Runs, listening_socket, make_app
 from shipyard.view.types import RolloutQuery
 
 from .conftest import ROOT, overrides
@@ -38,17 +36,11 @@ class Viewer:
     """A viewer on loopback in a thread, stopped at exit."""
 
     def __init__(self, run_dirs: list[Path]) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = uvicorn.Config(
-            make_app(Runs(run_dirs)), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sock = listening_socket("127.0.0.1", 0)  # connections queue until uvicorn accepts them
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(make_app(Runs(run_dirs)), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
 
     def url(self, route: str = "#/", poll_ms: int = 300) -> str:
         return f"http://127.0.0.1:{self.port}/?poll={poll_ms}{route}"

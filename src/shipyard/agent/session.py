@@ -268,24 +268,23 @@ class _Session:
             if after >= at or later > agent.max_session_tokens:
                 if cfg.mode == "truncate":
                     return self._truncate(sb, feedback)
-                return self._summarize(sb, request, f"{feedback}\n\n{cfg.instruction}")
+                return self._summarize(sb, request, feedback)
         start = len(self.rec.ids)
         self.rec.add_env(ids)
         self.rec.turn("tool", start, feedback)
         return True
 
-    def _summarize(self, sb: Sandbox, request: list[int], request_text: str) -> bool:
+    def _summarize(self, sb: Sandbox, request: list[int], feedback: str) -> bool:
         """Append the summary ``request``, sample the summary, open the next segment; False: no room."""
         cfg = self.spec.agent.summary
         summarized = len(self.rec.ids)
         self.rec.add_env(request)
-        self.rec.turn("tool", summarized, request_text)
+        self.rec.turn("tool", summarized, f"{feedback}\n\n{cfg.instruction}")
         res = self.sample(cfg.max_tokens, [], role="summary")
         if res is None:
             return False
         self.traj.finish, self.traj.summary_tokens = "summary", len(res.token_ids)
         self.stats.add(summarized, len(res.token_ids))
-        feedback = request_text[: -len(cfg.instruction)].rstrip("\n")
         state = carried_state(sb, feedback, cfg, self.task.kind)
         self._open(resume_message(first_message(self.task), self.rec.turns[-1]["text"], state))
         return True

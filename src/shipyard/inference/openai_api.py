@@ -79,9 +79,10 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionBody(BaseModel):
-    """The request body (module doc); unknown fields are refused by name."""
+    """The request body (module doc); any other field lands in ``model_extra`` and is refused by
+    name (:func:`_check_extra`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -99,35 +100,25 @@ class ChatCompletionBody(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
-    parallel_tool_calls: Any = None
-    response_format: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    web_search_options: Any = None
-    store: Any = None
-    metadata: Any = None
-    service_tier: Any = None
 
 
-def _check_unsupported(body: ChatCompletionBody) -> None:
-    for name in UNSUPPORTED:
-        value = getattr(body, name)
-        if value is None or (name == "tool_choice" and value == "none") or (name == "tools" and value == []):
-            continue
-        if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-            continue
-        raise OpenAIError(
-            400,
-            f"{name} is not supported by this server (the embedded engine samples free text; "
-            "it cannot call tools or constrain output)",
-            name,
-        )
+NO_OPS: dict[str, Any] = {"tool_choice": "none", "tools": [], "response_format": {"type": "text"}}
+"""Values of unsupported fields that ask for nothing this server lacks (accepted)."""
+
+
+def _check_extra(body: ChatCompletionBody) -> None:
+    """Refuse every field this server does not honour: a known OpenAI one it cannot do (unless
+    ``null`` or its no-op value) and any unknown one."""
+    for name, value in (body.model_extra or {}).items():
+        if name not in UNSUPPORTED:
+            raise OpenAIError(400, f"unknown parameter {name!r}", name)
+        if value is not None and (name not in NO_OPS or value != NO_OPS[name]):
+            raise OpenAIError(
+                400,
+                f"{name} is not supported by this server (the embedded engine samples free text; "
+                "it cannot call tools or constrain output)",
+                name,
+            )
 
 
 def _messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -165,7 +156,7 @@ def chat_requests(
     body: ChatCompletionBody, tokenizer: Any, served: str, context: int, max_n: int
 ) -> tuple[list[GenerateRequest], list[str]]:
     """The engine requests of ``body`` (one per choice) and its stop strings; OpenAIError if invalid."""
-    _check_unsupported(body)
+    _check_extra(body)
     if body.model is not None and body.model != served:
         raise OpenAIError(
             404, f"model {body.model!r} is not served here; this server serves {served!r}", "model"

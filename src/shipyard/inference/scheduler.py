@@ -222,9 +222,8 @@ class BatchScheduler:
             if item.long and self._long_running >= self.long_slots:
                 continue  # its share is full: shorter requests behind it go first
             if item.admitted == 0:
-                if item.ticket.stop.is_set() or not item.ticket.set_running_or_notify_cancel():
-                    self._queue.remove(item)  # cancelled by its caller before it ran
-                    self._fail_unrun(item)
+                if not item.ticket.set_running_or_notify_cancel():
+                    self._queue.remove(item)  # Future.cancel()ed by its caller before it ran
                     continue
                 self._inflight.append(item)
             while item.admitted < len(item.requests) and len(jobs) < free:
@@ -244,7 +243,7 @@ class BatchScheduler:
             self._queue.remove(item)
             if item.admitted == 0:
                 if item.ticket.set_running_or_notify_cancel():
-                    self._fail_unrun(item)
+                    item.ticket.set_exception(SchedulerClosed("cancelled by the caller before it ran"))
                 continue
             item.left -= len(item.requests) - item.admitted
             item.requests = item.requests[: item.admitted]
@@ -255,9 +254,3 @@ class BatchScheduler:
     def _release(self, long: bool) -> None:
         with self._cond:
             self._long_running -= long
-
-    @staticmethod
-    def _fail_unrun(item: _Item) -> None:
-        if item.ticket.stop.is_set() and not item.ticket.done():
-            with contextlib.suppress(InvalidStateError):
-                item.ticket.set_exception(SchedulerClosed("cancelled by the caller before it ran"))

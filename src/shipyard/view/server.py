@@ -20,6 +20,7 @@ Every error is ``{"error": message}`` with a 4xx status for the user's mistakes 
 
 from __future__ import annotations
 
+import socket
 import threading
 import traceback
 from dataclasses import fields
@@ -172,10 +173,25 @@ def make_app(runs: Runs) -> FastAPI:
     return app
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening: connections queue from this moment on, before
+    the server's loop accepts them (port 0 picks a free port)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e}); pick another --port") from None
+    sock.listen(128)
+    return sock
+
+
 def serve_view(run_dirs: list[str], host: str = "127.0.0.1", port: int = 8600) -> None:
-    """Serve the viewer until interrupted (``shipyard view``)."""
+    """Serve the viewer until interrupted (``shipyard view``); the address is printed once it listens."""
     import uvicorn
 
     runs = Runs(run_dirs)
-    print(f"shipyard view: {', '.join(runs.readers)} at http://{host}:{port}/", flush=True)
-    uvicorn.run(make_app(runs), host=host, port=port, log_level="warning")
+    sock = listening_socket(host, port)
+    print(f"shipyard view: {', '.join(runs.readers)} at http://{host}:{sock.getsockname()[1]}/", flush=True)
+    uvicorn.Server(uvicorn.Config(make_app(runs), log_level="warning")).run(sockets=[sock])

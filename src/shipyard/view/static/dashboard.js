@@ -122,7 +122,7 @@ function distSeries() {
   return { series, data, bands, xTime: false, empty: steps.length ? null : 'no trained rollouts yet' };
 }
 
-/** Every server of every run: its (version, sync_s) points, aligned on the union of versions. */
+/** Every server of every run, labelled (``run/server`` when several runs are shown). */
 function allServers() {
   const out = [];
   for (const label of dash.labels) {
@@ -133,29 +133,21 @@ function allServers() {
   return out;
 }
 
-function syncSeries() {
+/** One series per server: ``y`` of its adoptions against ``x``, aligned on the union of x values. */
+function serverSeries(x, y, { xTime, stepped }) {
   const servers = allServers();
-  const versions = unionSorted(servers.map((s) => s.adoptions.map((a) => a.version)));
-  const data = [versions];
+  const xs = unionSorted(servers.map((s) => s.adoptions.map((a) => a[x])));
+  const data = [xs];
   const series = servers.map((s, i) => {
-    const at = new Map(s.adoptions.map((a) => [a.version, a.sync_s]));
-    data.push(versions.map((v) => (isNum(at.get(v)) ? at.get(v) : null)));
-    return { label: s.label, stroke: PALETTE[i % PALETTE.length], scale: 'y' };
+    const at = new Map(s.adoptions.map((a) => [a[x], a[y]]));
+    data.push(xs.map((v) => (isNum(at.get(v)) ? at.get(v) : null)));
+    return { label: s.label, stroke: PALETTE[i % PALETTE.length], scale: 'y', ...(stepped ? { stepped } : {}) };
   });
-  return { series, data, xTime: false, empty: versions.length ? null : 'no weight adoptions yet' };
+  return { series, data, xTime, empty: xs.length ? null : 'no weight adoptions yet' };
 }
 
-function versionSeries() {
-  const servers = allServers();
-  const times = unionSorted(servers.map((s) => s.adoptions.map((a) => a.at)));
-  const data = [times];
-  const series = servers.map((s, i) => {
-    const at = new Map(s.adoptions.map((a) => [a.at, a.version]));
-    data.push(times.map((t) => (isNum(at.get(t)) ? at.get(t) : null)));
-    return { label: s.label, stroke: PALETTE[i % PALETTE.length], scale: 'y', stepped: true };
-  });
-  return { series, data, xTime: true, empty: times.length ? null : 'no weight adoptions yet' };
-}
+const syncSeries = () => serverSeries('version', 'sync_s', { xTime: false, stepped: false });
+const versionSeries = () => serverSeries('at', 'version', { xTime: true, stepped: true });
 
 /* ---- uPlot -------------------------------------------------------------------------------- */
 
