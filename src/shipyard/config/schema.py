@@ -44,6 +44,10 @@ class ModelConfig(_Section):
     """> 0: sparse-upcycle the loaded Llama policy (e.g. SmolLM2) into a Mixtral MoE with this many
     experts per layer, top-2, each a copy of the dense MLP jittered by 2% (`models.loading.upcycle_to_moe`):
     a small MoE that can already solve tasks, for router-replay runs. 0 = the model as loaded."""
+    init_from: str | None = None
+    """Directory of weights that replace the loaded ones before anything else: the output of
+    `shipyard midtrain` (`<midtrain.output_dir>/final`) or `shipyard warmstart`. Its tensors must be
+    exactly the model's (names and shapes, as `source` builds it); anything else is an error."""
 
 
 class SamplingConfig(_Section):
@@ -403,6 +407,19 @@ class LossConfig(_Section):
         }[self.correction]
 
 
+class FsdpConfig(_Section):
+    """How the trainer shards the policy when `trainer.world_size > 1` (torch FSDP2, `fully_shard`
+    per decoder block, then the root: embeddings, final norm, LM head)."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (gathered again for the backward):
+    less memory, one more all-gather per block."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in the backward instead of keeping them."""
+    cpu_offload: bool = False
+    """Keep parameters, gradients and optimizer state in host memory between uses (CUDA only)."""
+
+
 class TrainerConfig(_Section):
     steps: int = Field(20, ge=1)
     """Optimizer steps (= published versions after the base, version 0)."""
@@ -446,7 +463,19 @@ class TrainerConfig(_Section):
     wait_timeout_s: float = Field(600.0, gt=0)
     """Fail if no rollout arrives for this long."""
     threads: int = Field(1, ge=1)
-    """torch intra-op threads for the trainer."""
+    """torch intra-op threads for the trainer (per rank)."""
+    world_size: int = Field(1, ge=1)
+    """Trainer processes. 1: one process, unsharded. N > 1: N Ray actors in one placement group,
+    joined by torch.distributed (gloo on CPU, NCCL on CUDA), the policy sharded with FSDP2, each
+    step's sequences split across ranks; the update equals the one-process update (`run.placement`
+    must be `ray`)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the trainer computes: `cuda` gives each rank one GPU (Ray asks for it)."""
+    fsdp: FsdpConfig = FsdpConfig()
+    """Sharding options for `world_size > 1`."""
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = "PACK"
+    """How Ray places the ranks' bundles: `PACK` on as few nodes as fit, `SPREAD` across nodes where it
+    can, `STRICT_SPREAD` one rank per node."""
 
 
 class StoreConfig(_Section):
@@ -715,5 +744,13 @@ class ShipyardConfig(_Section):
             raise ValueError(
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
                 f"rollout.num_workers={self.rollout.num_workers} (each worker writes an equal share per step)"
+            )
+        if self.trainer.world_size > 1 and self.run.placement != "ray":
+            raise ValueError(
+                f"trainer.world_size={self.trainer.world_size} needs run.placement = 'ray' (the ranks are Ray actors)"
+            )
+        if self.trainer.fsdp.cpu_offload and self.trainer.device != "cuda":
+            raise ValueError(
+                "trainer.fsdp.cpu_offload = true needs trainer.device = 'cuda'; on a CPU it has no effect"
             )
         return self

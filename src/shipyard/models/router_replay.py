@@ -161,6 +161,21 @@ class RouterSeam:
         self._stats = [LayerDisagreement() for _ in self._stats]
         self._token_flags = []
 
+    def disagreement_state(self) -> tuple[list[tuple[int, int, int]], list[Tensor]]:
+        """The counts behind :meth:`disagreement` (per layer: differing, own, decisions; token flags
+        on the CPU): what another trainer rank sends for :meth:`absorb`."""
+        counts = [(s.differing, s.own_differing, s.decisions) for s in self._stats]
+        return counts, [f.cpu() for f in self._token_flags]
+
+    def absorb(self, state: tuple[list[tuple[int, int, int]], list[Tensor]]) -> None:
+        """Add another rank's :meth:`disagreement_state` (same model) to this seam's counts."""
+        counts, flags = state
+        for s, (differing, own, decisions) in zip(self._stats, counts, strict=True):
+            s.differing += differing
+            s.own_differing += own
+            s.decisions += decisions
+        self._token_flags.extend(f.to(self._token_flags[0].device) if self._token_flags else f for f in flags)
+
     def disagreement(self) -> dict[str, float]:
         """Fractions since the last reset, over planned decisions (token x top-k slot): experts used
         that are not in the plan, ``route_disagree`` (all MoE layers) and ``route_disagree/layer_<i>``

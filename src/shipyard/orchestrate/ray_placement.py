@@ -43,15 +43,34 @@ class _RolloutActor:
 
 
 class _TrainerActor:
-    def __init__(self, cfg: ShipyardConfig, run_dir: str) -> None:
+    """One trainer rank; rank 0 of a group also picks the group's rendezvous address on its node."""
+
+    def __init__(self, cfg: ShipyardConfig, run_dir: str, rank: int = 0) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.rank = rank
 
-    def run(self) -> dict[str, Any]:
+    def address(self) -> str:
+        import ray
+
+        from shipyard.trainer.distributed import free_address
+
+        return free_address(ray.util.get_node_ip_address())
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, address: str = "") -> dict[str, Any]:
         from shipyard.store.run import open_run
+        from shipyard.trainer.distributed import join_group
         from shipyard.trainer.loop import run_trainer
 
-        return run_trainer(self.cfg, open_run(self.cfg.store, self.cfg.run.name), self.run_dir)
+        t = self.cfg.trainer
+        ranks = join_group(self.rank, t.world_size, address, t.device)
+        result = run_trainer(self.cfg, open_run(self.cfg.store, self.cfg.run.name), self.run_dir, ranks)
+        return {**result, "node": self.node()}
 
 
 def _loopback_host(address: str) -> str | None:
@@ -63,6 +82,18 @@ def _loopback_host(address: str) -> str | None:
     """
     host = address.rsplit(":", 1)[0]
     return host if host.startswith("127.") else None
+
+
+def _check_fits(bundle: dict[str, float], world: int, cluster: dict[str, float]) -> None:
+    """ValueError naming ``trainer.world_size`` when the cluster has too few CPUs or GPUs for it."""
+    for resource, amount in bundle.items():
+        have = cluster.get(resource, 0.0)
+        if amount * world > have:
+            raise ValueError(
+                f"trainer.world_size={world} needs {amount * world:g} {resource} ({amount:g} per rank: "
+                f"trainer.threads{' and trainer.device = cuda' if resource == 'GPU' else ''}); the Ray "
+                f"cluster has {have:g}. Lower trainer.world_size or add nodes"
+            )
 
 
 class RayPlacement:
@@ -85,7 +116,10 @@ class RayPlacement:
                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
                 )
             else:
-                need = cfg.trainer.threads + cfg.inference.num_servers * cfg.inference.threads
+                need = (
+                    cfg.trainer.threads * cfg.trainer.world_size
+                    + cfg.inference.num_servers * cfg.inference.threads
+                )
                 ray.init(
                     num_cpus=max(os.cpu_count() or 1, need),
                     include_dashboard=False,
@@ -98,7 +132,7 @@ class RayPlacement:
         self.servers: list[Any] = []
         self.workers: list[Any] = []
         self._runs: list[Any] = []
-        self._trainer_ref: Any = None
+        self._trainer_refs: list[Any] = []
 
     def start_inference(self) -> list[str]:
         actor = self.ray.remote(num_cpus=self.cfg.inference.threads, max_concurrency=4)(_InferenceActor)
@@ -112,17 +146,38 @@ class RayPlacement:
             w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)])
             self.workers.append(w)
             self._runs.append(w.run.remote())
-        trainer = self.ray.remote(num_cpus=self.cfg.trainer.threads)(_TrainerActor).remote(
-            self.cfg, str(self.run_dir)
-        )
-        self._trainer_ref = trainer.run.remote()
+        self._trainer_refs = self._start_trainer_group()
+
+    def _start_trainer_group(self) -> list[Any]:
+        """``trainer.world_size`` trainer ranks, one placement-group bundle each; their run refs."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        t = self.cfg.trainer
+        bundle = {"CPU": float(t.threads), **({"GPU": 1.0} if t.device == "cuda" else {})}
+        _check_fits(bundle, t.world_size, self.ray.cluster_resources())
+        group = self.ray.util.placement_group([bundle] * t.world_size, strategy=t.placement_strategy)
+        if not self.ray.get(group.ready(), timeout=120):
+            raise ValueError(
+                f"trainer.world_size={t.world_size}: Ray could not place {t.world_size} x {bundle}"
+            )
+        actor = self.ray.remote(num_cpus=t.threads, num_gpus=bundle.get("GPU", 0))(_TrainerActor)
+        ranks = [
+            actor.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
+            ).remote(self.cfg, str(self.run_dir), r)
+            for r in range(t.world_size)
+        ]
+        address = self.ray.get(ranks[0].address.remote()) if t.world_size > 1 else ""
+        return [r.run.remote(address) for r in ranks]
 
     def trainer_done(self) -> bool:
-        ready, _ = self.ray.wait([self._trainer_ref], timeout=0)
+        ready, _ = self.ray.wait(self._trainer_refs, timeout=0)  # any rank ending ends the group
         return bool(ready)
 
     def trainer_result(self) -> dict[str, Any]:
-        return self.ray.get(self._trainer_ref)
+        """Rank 0's summary, with the node of every rank; a failed rank's error is raised."""
+        results = self.ray.get(self._trainer_refs)
+        return {**results[0], "nodes": [r["node"] for r in results]}
 
     def stop_workers(self) -> None:
         for w in self.workers:

@@ -100,6 +100,51 @@ def _check_inputs(ids_BT: Tensor, attn_BT: Tensor, score_mask_BT: Tensor | None,
         )
 
 
+class TokenScorer(torch.nn.Module):
+    """``model`` behind one ``forward`` that returns the logprobs of chosen positions.
+
+    Everything that touches parameters (decoder, LM head) runs inside this forward, so a sharded
+    trainer can make the scorer its FSDP root: the root's hooks gather the embeddings, final norm
+    and head for the forward and reduce their gradients after the backward. ``token_logprobs``
+    wraps a plain model in one on the fly; the parameters keep the model's names under ``model.``.
+    """
+
+    def __init__(self, model: Any, chunk_tokens: int = 1024) -> None:
+        super().__init__()
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self.model = model
+        self.chunk_tokens = chunk_tokens
+
+    def forward(
+        self, ids_BT: Tensor, attn_BT: Tensor, b_N: Tensor, t_N: Tensor, inv_temp: float, bf16_decoder: bool
+    ) -> Tensor:
+        targets_N = ids_BT[b_N, t_N]
+        parts = _fast_path_parts(self.model)
+        if parts is None:
+            if bf16_decoder:
+                raise ValueError(
+                    "bf16_decoder needs a model whose logits are lm_head(decoder(x)); disable it"
+                )
+            logits_BTV = self.model(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).logits
+            logits_NV = logits_BTV[b_N, t_N - 1].float() * inv_temp
+            return logits_NV.gather(1, targets_N[:, None]).squeeze(1) - torch.logsumexp(logits_NV, dim=-1)
+        decoder, head = parts
+        with torch.autocast(ids_BT.device.type, dtype=torch.bfloat16, enabled=bf16_decoder):
+            hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state
+        hidden_NH = hidden_BTH[b_N, t_N - 1].float()
+        use_ckpt = torch.is_grad_enabled() and hidden_NH.requires_grad
+        pieces = []
+        for start in range(0, hidden_NH.shape[0], self.chunk_tokens):
+            end = start + self.chunk_tokens
+            args = (hidden_NH[start:end], head.weight, head.bias, targets_N[start:end])
+            if use_ckpt:
+                pieces.append(checkpoint(_chunk_logprobs, *args, inv_temp, use_reentrant=False))
+            else:
+                pieces.append(_chunk_logprobs(*args, inv_temp))
+        return torch.cat(pieces) if pieces else hidden_NH.new_zeros((0,), dtype=torch.float32)
+
+
 def token_logprobs(
     model: Any,
     ids_BT: Tensor,
@@ -110,42 +155,16 @@ def token_logprobs(
     chunk_tokens: int = 1024,
     bf16_decoder: bool = False,
 ) -> Tensor:
-    """``[B, T]`` float32 logprobs of each token given its prefix; 0 where not scored (see module doc)."""
+    """``[B, T]`` float32 logprobs of each token given its prefix; 0 where not scored (see module doc).
+    ``model`` is an HF causal LM (scored ``chunk_tokens`` head rows at a time) or a
+    :class:`TokenScorer` (e.g. the sharded trainer's, with its own chunk size)."""
     _check_inputs(ids_BT, attn_BT, score_mask_BT, temperature)
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     sel_BT = attn_BT.bool().clone()
     sel_BT[:, 0] = False
     if score_mask_BT is not None:
         sel_BT &= score_mask_BT.bool()
     b_N, t_N = sel_BT.nonzero(as_tuple=True)
-    targets_N = ids_BT[b_N, t_N]
-    inv_temp = 1.0 / temperature
-    parts = _fast_path_parts(model)
-    if parts is None:
-        if bf16_decoder:
-            raise ValueError("bf16_decoder needs a model whose logits are lm_head(decoder(x)); disable it")
-        logits_BTV = model(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).logits
-        logits_NV = logits_BTV[b_N, t_N - 1].float() * inv_temp
-        lp_N = logits_NV.gather(1, targets_N[:, None]).squeeze(1) - torch.logsumexp(logits_NV, dim=-1)
-    else:
-        decoder, head = parts
-        with torch.autocast(ids_BT.device.type, dtype=torch.bfloat16, enabled=bf16_decoder):
-            hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attn_BT, use_cache=False).last_hidden_state
-        hidden_NH = hidden_BTH[b_N, t_N - 1].float()
-        use_ckpt = torch.is_grad_enabled() and hidden_NH.requires_grad
-        pieces = []
-        for start in range(0, hidden_NH.shape[0], chunk_tokens):
-            args = (
-                hidden_NH[start : start + chunk_tokens],
-                head.weight,
-                head.bias,
-                targets_N[start : start + chunk_tokens],
-            )
-            if use_ckpt:
-                pieces.append(checkpoint(_chunk_logprobs, *args, inv_temp, use_reentrant=False))
-            else:
-                pieces.append(_chunk_logprobs(*args, inv_temp))
-        lp_N = torch.cat(pieces) if pieces else hidden_NH.new_zeros((0,), dtype=torch.float32)
+    scorer = model if isinstance(model, TokenScorer) else TokenScorer(model, chunk_tokens)
+    lp_N = scorer(ids_BT, attn_BT, b_N, t_N, 1.0 / temperature, bf16_decoder)
     out_BT = torch.zeros(ids_BT.shape, dtype=torch.float32, device=ids_BT.device)
     return out_BT.index_put((b_N, t_N), lp_N.float())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,70 +31,116 @@ from shipyard.metrics.logger import MetricsLogger, read_metrics
 from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
+from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params
 from shipyard.trainer.feed import RolloutFeed, Taken
 from shipyard.trainer.records import write_step_logprobs
 from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
 
 
-def run_trainer(cfg: ShipyardConfig, store: Store, run_dir: Path) -> dict[str, Any]:
+def run_trainer(
+    cfg: ShipyardConfig, store: Store, run_dir: Path, ranks: Ranks = ONE_PROCESS
+) -> dict[str, Any]:
+    """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads."""
     from shipyard.trainer.advantages import batch_advantages
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
     from shipyard.trainer.step import train_step
 
     identity = read_identity(store)  # the run this trainer trains: its rollouts only
-    model, tok, optimizer, tcfg, precision = _policy(cfg)
+    policy = build_policy(cfg, ranks)
     step_kw = {
-        "cfg": tcfg,
-        "pad_id": tok.pad_token_id,
+        "cfg": policy.tcfg,
+        "pad_id": policy.tok.pad_token_id,
         "temperature": cfg.sampling.temperature,
         "ref_model": _reference_model(cfg),
-        "seam": _router_seam(model, cfg),
+        "seam": _router_seam(policy.model, cfg),
+        "ranks": ranks,
     }
     ckpt_root = run_dir / "checkpoints"
-    state = load_latest_checkpoint(ckpt_root, model, optimizer) or {"step": 0, "consumed": [], "idle_s": 0.0}
-    publisher = _publisher(cfg, store)
-    if not publisher.has(state["step"]):
-        publisher.publish(state["step"], named_params(model))
-    feed = RolloutFeed(store, identity.run_id, consumed=set(state["consumed"]))
-    logger = MetricsLogger(run_dir)
-    _relog_checkpointed_step(logger, state, store)
+    state = load_latest_checkpoint(ckpt_root, policy.scorer, policy.optimizer, ranks) or {
+        "step": 0,
+        "consumed": [],
+        "idle_s": 0.0,
+    }
+    lead = _Leader(cfg, store, run_dir, identity.run_id, state) if ranks.leader else None
+    _publish(lead, ranks, state["step"], policy, only_missing=True)
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
-        taken = feed.take(
-            cfg.trainer.groups_per_step,
-            step - 1,
-            cfg.trainer.max_off_policy_steps,
-            cfg.trainer.wait_timeout_s,
-        )
+        taken = ranks.broadcast(lead.take(cfg, step) if lead else None)
         batch = batch_advantages(taken.groups, cfg.trainer.loss, cfg.agent.summary)
         t1 = time.time()
         tokens: dict[str, list[float]] | None = {} if cfg.trainer.record_logprobs else None
         stats = train_step(
-            model, optimizer, batch.trajectories, batch.advantages, trainer_logprobs=tokens, **step_kw
+            policy.scorer,
+            policy.optimizer,
+            batch.trajectories,
+            batch.advantages,
+            trainer_logprobs=tokens,
+            **step_kw,
         )
         record = _train_record(taken, {**stats, **batch.stats}, _timing(t0, t1, time.time(), t_start))
         groups = [g[0].group_id for g in taken.groups]
         state = {
             "step": step,
-            "consumed": sorted(feed.consumed),
+            "consumed": sorted(lead.feed.consumed) if lead else [],
             "idle_s": state["idle_s"] + taken.wait_s,
             "elapsed_s": time.time() - t_start,
             "log": {"train": record, "groups": groups},  # re-logged on resume if the kill came first
         }
-        if tokens is not None:
+        if tokens is not None and lead:
             write_step_logprobs(run_dir, step, tokens)
-        save_checkpoint(ckpt_root, step, model, optimizer, state, keep=cfg.trainer.keep_checkpoints)
-        manifest = publisher.publish(step, named_params(model))
-        logger.log(step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest})
-    _finish(cfg, store, logger, publisher)
+        save_checkpoint(
+            ckpt_root, step, policy.scorer, policy.optimizer, state, cfg.trainer.keep_checkpoints, ranks
+        )
+        manifest = _publish(lead, ranks, step, policy)
+        if lead and manifest:
+            lead.logger.log(
+                step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest}
+            )
+    if lead:
+        lead.finish(cfg, store)
     return {
         "final_version": cfg.trainer.steps,
         "idle_s": state["idle_s"],
         "seconds": time.time() - t_start,
-        "precision": precision,
-        "foreign_rejected": feed.foreign_rejected,
+        "precision": policy.precision,
+        "foreign_rejected": lead.feed.foreign_rejected if lead else 0,
+        "world_size": ranks.world,
     }
+
+
+class _Leader:
+    """What rank 0 alone does: read the feed, publish versions, log metrics, end the run."""
+
+    def __init__(
+        self, cfg: ShipyardConfig, store: Store, run_dir: Path, run_id: str, state: dict[str, Any]
+    ) -> None:
+        self.publisher = _publisher(cfg, store)
+        self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]))
+        self.logger = MetricsLogger(run_dir)
+        _relog_checkpointed_step(self.logger, state, store)
+
+    def take(self, cfg: ShipyardConfig, step: int) -> Taken:
+        t = cfg.trainer
+        return self.feed.take(t.groups_per_step, step - 1, t.max_off_policy_steps, t.wait_timeout_s)
+
+    def finish(self, cfg: ShipyardConfig, store: Store) -> None:
+        """Tell the workers the run is done (``control/finished``), close the log and the feed."""
+        store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
+        self.logger.close()
+        if self.publisher.feed is not None:
+            self.publisher.feed.close()
+
+
+def _publish(
+    lead: _Leader | None, ranks: Ranks, step: int, policy: Policy, only_missing: bool = False
+) -> Any:
+    """Publish version ``step`` (every rank gathers the full weights; rank 0 uploads): its manifest on
+    rank 0, None elsewhere or when ``only_missing`` and it is already published."""
+    if ranks.broadcast(only_missing and lead is not None and lead.publisher.has(step)):
+        return None
+    weights = named_params(policy.model) if ranks.world == 1 else full_params(policy.scorer, "model.")
+    return lead.publisher.publish(step, weights) if lead else None
 
 
 def _train_record(taken: Taken, stats: dict[str, float], timing: dict[str, float]) -> dict[str, Any]:
@@ -102,28 +149,39 @@ def _train_record(taken: Taken, stats: dict[str, float], timing: dict[str, float
     return {"kind": "train", **_named(stats), **_rollout_metrics(taken, trajs), **timing}
 
 
-def _finish(cfg: ShipyardConfig, store: Store, logger: MetricsLogger, publisher: WeightPublisher) -> None:
-    """Tell the workers the run is done (``control/finished``), close the log and the feed."""
-    store.put(FINISHED_KEY, json.dumps({"version": cfg.trainer.steps}).encode())
-    logger.close()
-    if publisher.feed is not None:
-        publisher.feed.close()
+@dataclass
+class Policy:
+    """The trained policy on one rank: the HF ``model``, the ``scorer`` the step runs (the model in a
+    :class:`~shipyard.trainer.logprobs.TokenScorer`, sharded at world size > 1), and its optimizer."""
+
+    model: Any
+    scorer: Any
+    tok: Any
+    optimizer: Any
+    tcfg: Any
+    precision: dict[str, Any]
 
 
-def _policy(cfg: ShipyardConfig) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-    """(model, tokenizer, optimizer, trainer settings with precision resolved, precision record)."""
+def build_policy(cfg: ShipyardConfig, ranks: Ranks) -> Policy:
+    """Load the policy on this rank's device, freeze, shard (world > 1) and make its optimizer."""
     import torch
 
     from shipyard.models.loading import load_model
+    from shipyard.trainer.distributed import shard_policy
+    from shipyard.trainer.logprobs import TokenScorer
     from shipyard.trainer.step import freeze_lower_layers, make_optimizer
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_model(cfg.model)
-    tcfg, precision = trainer_precision(cfg, next(model.parameters()).device.type)
+    model = model.to(cfg.trainer.device)
+    tcfg, precision = trainer_precision(cfg, cfg.trainer.device)
     model.train()
     freeze_lower_layers(model, tcfg.train_layers)
-    return model, tok, make_optimizer(model, tcfg), tcfg, precision
+    scorer = TokenScorer(model)
+    if ranks.world > 1:
+        shard_policy(scorer, cfg.trainer.fsdp, bf16=bool(tcfg.bf16_decoder))
+    return Policy(model, scorer, tok, make_optimizer(scorer, tcfg), tcfg, precision)
 
 
 def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, Any]]:
@@ -186,7 +244,7 @@ def _reference_model(cfg: ShipyardConfig) -> Any | None:
         return None
     from shipyard.models.loading import load_model
 
-    return load_model(cfg.model)[0].eval().requires_grad_(False)
+    return load_model(cfg.model)[0].to(cfg.trainer.device).eval().requires_grad_(False)
 
 
 def _router_seam(model: Any, cfg: ShipyardConfig) -> Any | None:

@@ -120,6 +120,21 @@ class MismatchAccumulator:
         self._parts["masked"].append(corr.masked_BT[mask_BT])
         self._parts["trunc"].append(corr.truncated_BT[mask_BT])
 
+    def state(self) -> tuple[dict[str, Tensor], dict[str, list[float]] | None]:
+        """This accumulator's tokens (on the CPU) and kept logprobs: what another trainer rank sends
+        for :meth:`absorb`."""
+        parts = {k: torch.cat(v).cpu() if v else torch.zeros(0) for k, v in self._parts.items()}
+        return parts, self.tokens
+
+    def absorb(self, state: tuple[dict[str, Tensor], dict[str, list[float]] | None]) -> None:
+        """Add another rank's :meth:`state`; :meth:`result` then covers both ranks' tokens."""
+        parts, tokens = state
+        for key, values in parts.items():
+            if values.numel():
+                self._parts[key].append(values)
+        if self.tokens is not None and tokens:
+            self.tokens.update(tokens)
+
     def result(self) -> dict[str, float]:
         """Scalar and bucket metrics (module doc); all scalars are 0.0 when no token was recorded."""
         if not self._parts["log_rho"] or sum(t.numel() for t in self._parts["log_rho"]) == 0:

@@ -48,6 +48,7 @@ from shipyard.config.schema import TrainerConfig
 from shipyard.models.hardware import resolve_bf16
 from shipyard.models.router_replay import RouterSeam, route_plan
 from shipyard.trainer.corrections import correction_weights
+from shipyard.trainer.distributed import ONE_PROCESS, Ranks, merge_rank_metrics, micro_batches, rank_split
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.loss import StepNorm, policy_loss
 from shipyard.trainer.mismatch import MismatchAccumulator
@@ -183,38 +184,56 @@ def train_step(
     ref_model: Any | None = None,
     seam: RouterSeam | None = None,
     trainer_logprobs: dict[str, list[float]] | None = None,
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, float]:
     """One optimizer step over ``trajectories`` (see module doc); returns float metrics. With
     ``trainer_logprobs`` (a dict), fills it with each trajectory's logprobs under the trainer before
-    the update, at its sampled positions in order, keyed by :func:`~shipyard.trainer.records.token_key`."""
+    the update, at its sampled positions in order, keyed by :func:`~shipyard.trainer.records.token_key`.
+
+    In a trainer group (``ranks.world > 1``, ``model`` sharded by
+    :func:`~shipyard.trainer.distributed.shard_policy`) every rank passes the whole step's batch
+    and trains its share (:func:`~shipyard.trainer.distributed.rank_split`); every micro-batch runs
+    a backward so the ranks' collectives line up; rank 0 returns the metrics of the whole step."""
     norm = _check_batch(trajectories, advantages, cfg, ref_model)
     device = next(model.parameters()).device
     cfg = _resolve_precision(cfg, device.type)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, Tensor] = {}
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("loss_sum", "clip_count", "kl_sum")}
     mismatch = MismatchAccumulator(trainer_logprobs)
     if seam is not None:
         seam.reset_disagreement()
-    for start in range(0, len(trajectories), cfg.micro_batch):
-        chunk = trajectories[start : start + cfg.micro_batch]
-        adv_B = torch.tensor(advantages[start : start + cfg.micro_batch], dtype=torch.float32, device=device)
-        needs_grad = bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
+    split = rank_split(trajectories, ranks.world)
+    for idx in micro_batches(split, ranks.rank, cfg.micro_batch):
+        filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
+        chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
+        adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
+        needs_grad = ranks.world > 1 or bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
         with torch.set_grad_enabled(needs_grad):
             loss, metrics = _micro_batch_loss(
-                model, ref_model, chunk, adv_B, cfg, pad_id, norm, temperature, mismatch, seam
+                model,
+                ref_model,
+                chunk,
+                adv_B,
+                cfg,
+                pad_id,
+                norm,
+                temperature,
+                MismatchAccumulator() if filler else mismatch,
+                None if filler else seam,
             )
         if needs_grad and loss.requires_grad:
-            loss.backward()
-        for key, value in metrics.items():
-            sums[key] = sums[key] + value if key in sums else value
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if params else torch.zeros(())
-    grad_norm_f = float(grad_norm)
+            (loss * 0.0 if filler else loss).backward()
+        if not filler:
+            for key in sums:
+                sums[key] = sums[key] + metrics[key].detach().double().cpu()
+    grad_norm_f = _clip(params, cfg.grad_clip)
     skipped = not math.isfinite(grad_norm_f)
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    totals = {k: float(v) for k, v in sums.items()}
+    totals = {k: float(v) for k, v in ranks.sum(sums).items()}
+    merge_rank_metrics(ranks, mismatch, seam)
     out = {
         "loss": totals["loss_sum"],
         "clip_frac": totals["clip_count"] / norm.tokens,
@@ -230,3 +249,11 @@ def train_step(
         skipped=float(skipped),
     )
     return out
+
+
+def _clip(params: list[Tensor], max_norm: float) -> float:
+    """Clip the global gradient norm (sharded gradients included); the norm before clipping."""
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
