@@ -1,4 +1,4 @@
-"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `trainer`, `worker`, each taking a
+"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `midtrain`, `trainer`, `worker`, each taking a
 TOML config and dotted overrides, and `view`, taking run directories.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
@@ -9,6 +9,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard serve configs/demo.toml inference.port=8000
     shipyard relay configs/demo.toml relay.mirror.root=/data/region-eu
     shipyard warmstart configs/long.toml warmstart.output_dir=runs/long-sft
+    shipyard midtrain configs/midtrain.toml trainer.world_size=2   # then model.init_from=runs/midtrain/final
     shipyard trainer configs/demo.toml                  # the trainer alone (resumes its checkpoint)
     shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
     shipyard train configs/demo.toml --dry-run
@@ -33,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         ("serve", "serve the policy over HTTP, following new weight versions"),
         ("relay", "mirror weight versions from the origin store into a region's store"),
         ("warmstart", "fine-tune the policy on demonstrations before RL (long tasks)"),
+        ("midtrain", "next-token training on this machine's Python code before RL (model.init_from)"),
         ("trainer", "run the trainer of a run alone, as its own process (resumes from its checkpoint)"),
         ("worker", "run one rollout worker of a run alone, against an inference server"),
     ]:
@@ -80,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         report = run_warmstart(cfg)
         print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
         print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
+    elif args.command == "midtrain":
+        from shipyard.trainer.midtrain import run_midtrain
+
+        report = run_midtrain(cfg)
+        print(
+            f"midtrain: held-out code loss {report['heldout_code_loss_before']:.4f} -> "
+            f"{report['heldout_code_loss_after']:.4f} after {report['steps']} steps"
+        )
+        print(f"policy: {cfg.midtrain.output_dir}/final (RL starts from it with model.init_from=...)")
     elif args.command == "trainer":
         from shipyard.orchestrate.standalone import trainer_process
 

@@ -572,6 +572,51 @@ class WarmStartConfig(_Section):
     """Where the fine-tuned policy (config, safetensors, tokenizer) and `warmstart.json` are written."""
 
 
+class MidtrainConfig(_Section):
+    """`shipyard midtrain`: packed next-token training on a code corpus before RL (what Composer 2 did
+    to its base), data-parallel with the RL trainer's FSDP ranks (`trainer.world_size`,
+    `trainer.device`, `trainer.fsdp`, `trainer.threads`, `trainer.bf16_decoder`). The result,
+    `<output_dir>/final`, is what RL starts from with `model.init_from`."""
+
+    corpus_dirs: list[str] = []
+    """Directories searched for `*.py` files. Empty: the Python sources installed with this
+    interpreter (its standard library and site-packages), which every machine has."""
+    max_files: int = Field(4000, ge=1)
+    """At most this many distinct files (after de-duplication by content, chosen by content hash, so the
+    choice does not depend on the file system's order)."""
+    max_file_bytes: int = Field(200_000, ge=1)
+    """Files larger than this are skipped (generated tables, vendored bundles)."""
+    heldout_frac: float = Field(0.05, gt=0.0, lt=1.0)
+    """Share of files (by content hash) held out: evaluated, never trained on."""
+    seq_len: int = Field(512, ge=16)
+    """Tokens per packed training sequence (files joined by the end-of-text token, then cut)."""
+    batch_seqs: int = Field(8, ge=1)
+    """Sequences per optimizer step, over all ranks."""
+    micro_batch: int = Field(4, ge=1)
+    """Sequences per forward/backward on one rank."""
+    steps: int = Field(100, ge=1)
+    """Optimizer steps."""
+    lr: float = Field(3e-5, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up, then cosine decay to `min_lr_frac` of it)."""
+    warmup_steps: int = Field(10, ge=0)
+    """Steps of linear learning-rate warm-up."""
+    min_lr_frac: float = Field(0.1, ge=0.0, le=1.0)
+    """The learning rate at the last step, as a fraction of `lr`."""
+    heldout_seqs: int = Field(32, ge=1)
+    """Held-out sequences the held-out loss is measured on (the same ones every time)."""
+    eval_every: int = Field(25, ge=1)
+    """Measure the held-out loss every this many steps (and before the first and after the last)."""
+    checkpoint_every: int = Field(25, ge=1)
+    """Save a resumable checkpoint every this many steps (and after the last)."""
+    fp8: bool = False
+    """Matmuls of the decoder blocks' linear layers in FP8 (torchao `Float8Linear`, dynamic tensor-wise
+    scaling); needs a CUDA GPU with FP8 units (Hopper or newer) and torchao."""
+    compile: bool = False
+    """`torch.compile` each decoder block (fuses the FP8 casts and scales; minutes of compile time)."""
+    output_dir: str = "runs/midtrain"
+    """Corpus cache, checkpoints, metrics and `final/` (config, safetensors, tokenizer, `midtrain.json`)."""
+
+
 class EvalConfig(_Section):
     heldout_n: int = Field(120, ge=1)
     """Held-out generated tasks evaluated before and after training."""
@@ -729,6 +774,8 @@ class ShipyardConfig(_Section):
     """Evaluation."""
     warmstart: WarmStartConfig = WarmStartConfig()
     """Supervised warm start on demonstrations (`shipyard warmstart`)."""
+    midtrain: MidtrainConfig = MidtrainConfig()
+    """Next-token training on code before RL (`shipyard midtrain`)."""
     services: ServicesConfig = ServicesConfig()
     """Services tasks can declare (PostgreSQL)."""
     rewards: RewardsConfig = RewardsConfig()
@@ -748,6 +795,13 @@ class ShipyardConfig(_Section):
         if self.trainer.world_size > 1 and self.run.placement != "ray":
             raise ValueError(
                 f"trainer.world_size={self.trainer.world_size} needs run.placement = 'ray' (the ranks are Ray actors)"
+            )
+        if self.midtrain.fp8 and self.trainer.device != "cuda":
+            raise ValueError("midtrain.fp8 = true needs trainer.device = 'cuda' (a GPU with FP8 matmuls)")
+        if self.midtrain.batch_seqs % self.trainer.world_size:
+            raise ValueError(
+                f"midtrain.batch_seqs={self.midtrain.batch_seqs} must be a multiple of "
+                f"trainer.world_size={self.trainer.world_size} (each rank trains an equal share)"
             )
         if self.trainer.fsdp.cpu_offload and self.trainer.device != "cuda":
             raise ValueError(

@@ -161,8 +161,37 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if cfg.upcycle_experts:
         model = upcycle_to_moe(model, cfg.upcycle_experts, seed=cfg.seed)
+    if cfg.init_from:
+        init_weights_from(model, Path(cfg.init_from).expanduser())
     model.eval()
     return model, tok
+
+
+def init_weights_from(model: Any, directory: Path) -> None:
+    """Replace ``model``'s weights by the safetensors files of ``directory`` (``model.init_from``): the
+    same tensor names and shapes, nothing missing but tied copies; a ValueError naming the setting
+    otherwise (e.g. a checkpoint of another model)."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    if not files:
+        raise ValueError(f"model.init_from={str(directory)!r}: no *.safetensors files there")
+    state = {k: v for f in files for k, v in load_file(str(f)).items()}
+    own = model.state_dict()
+    stored = {own[k].data_ptr() for k in state if k in own}  # a tied copy of a stored tensor is not missing
+    problems = [f"unexpected {k}" for k in sorted(set(state) - set(own))]
+    problems += [
+        f"{k}: shape {tuple(v.shape)}, the model's {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    problems += [f"missing {k}" for k in sorted(set(own) - set(state)) if own[k].data_ptr() not in stored]
+    if problems:
+        raise ValueError(
+            f"model.init_from={str(directory)!r} is not a checkpoint of this model "
+            f"({type(model).__name__}): {'; '.join(problems[:4])}"
+        )
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
 
 
 def upcycle_to_moe(dense: Any, experts: int, top_k: int = 2, noise: float = 0.02, seed: int = 0) -> Any:

@@ -42,13 +42,12 @@ class _RolloutActor:
         return self.worker.run()
 
 
-class _TrainerActor:
-    """One trainer rank; rank 0 of a group also picks the group's rendezvous address on its node."""
+class _RankActor:
+    """One rank of a trainer group (RL trainer or mid-training); rank 0 also picks the group's
+    rendezvous address on its node."""
 
-    def __init__(self, cfg: ShipyardConfig, run_dir: str, rank: int = 0) -> None:
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.rank = rank
+    def __init__(self, rank: int, world: int, device: str) -> None:
+        self.rank, self.world, self.device = rank, world, device
 
     def address(self) -> str:
         import ray
@@ -57,20 +56,70 @@ class _TrainerActor:
 
         return free_address(ray.util.get_node_ip_address())
 
-    def node(self) -> str:
+    def run(self, address: str, fn: Any, *args: Any) -> dict[str, Any]:
         import ray
 
-        return ray.get_runtime_context().get_node_id()
-
-    def run(self, address: str = "") -> dict[str, Any]:
-        from shipyard.store.run import open_run
         from shipyard.trainer.distributed import join_group
-        from shipyard.trainer.loop import run_trainer
 
-        t = self.cfg.trainer
-        ranks = join_group(self.rank, t.world_size, address, t.device)
-        result = run_trainer(self.cfg, open_run(self.cfg.store, self.cfg.run.name), self.run_dir, ranks)
-        return {**result, "node": self.node()}
+        ranks = join_group(self.rank, self.world, address, self.device)
+        return {**fn(ranks, *args), "node": ray.get_runtime_context().get_node_id()}
+
+
+def _train_rank(ranks: Any, cfg: ShipyardConfig, run_dir: str) -> dict[str, Any]:
+    from shipyard.store.run import open_run
+    from shipyard.trainer.loop import run_trainer
+
+    return run_trainer(cfg, open_run(cfg.store, cfg.run.name), Path(run_dir), ranks)
+
+
+def start_rank_group(cfg: ShipyardConfig, fn: Any, *args: Any) -> list[Any]:
+    """``trainer.world_size`` ranks as Ray actors, one placement-group bundle each (``trainer.threads``
+    CPUs, a GPU with ``trainer.device = "cuda"``), each running ``fn(ranks, *args)``; their refs."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    t = cfg.trainer
+    bundle = {"CPU": float(t.threads), **({"GPU": 1.0} if t.device == "cuda" else {})}
+    _check_fits(bundle, t.world_size, ray.cluster_resources())
+    group = ray.util.placement_group([bundle] * t.world_size, strategy=t.placement_strategy)
+    if not ray.get(group.ready(), timeout=120):
+        raise ValueError(f"trainer.world_size={t.world_size}: Ray could not place {t.world_size} x {bundle}")
+    actor = ray.remote(num_cpus=t.threads, num_gpus=bundle.get("GPU", 0))(_RankActor)
+    ranks = [
+        actor.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
+        ).remote(r, t.world_size, t.device)
+        for r in range(t.world_size)
+    ]
+    address = ray.get(ranks[0].address.remote()) if t.world_size > 1 else ""
+    return [r.run.remote(address, fn, *args) for r in ranks]
+
+
+def init_ray(cfg: ShipyardConfig) -> None:
+    """Join ``run.ray_address``, or start a local Ray sized so every actor of ``cfg`` fits here."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    if cfg.run.ray_address:
+        ray.init(
+            address=cfg.run.ray_address,
+            _node_ip_address=_loopback_host(cfg.run.ray_address),
+            log_to_driver=False,
+            runtime_env=env,
+        )
+        return
+    need = cfg.trainer.threads * cfg.trainer.world_size + cfg.inference.num_servers * cfg.inference.threads
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, need),
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=128 * 1024**2,
+        runtime_env=env,
+        # Ray renices workers to 15 by default; here the actors are the workload.
+        _system_config={"worker_niceness": 0},
+    )
 
 
 def _loopback_host(address: str) -> str | None:
@@ -107,28 +156,7 @@ class RayPlacement:
         self.cfg = cfg.model_copy(deep=True)
         self.cfg.store.root = str(Path(cfg.store.root).resolve())
         self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
-        if not ray.is_initialized():
-            if cfg.run.ray_address:
-                ray.init(
-                    address=cfg.run.ray_address,
-                    _node_ip_address=_loopback_host(cfg.run.ray_address),
-                    log_to_driver=False,
-                    runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-                )
-            else:
-                need = (
-                    cfg.trainer.threads * cfg.trainer.world_size
-                    + cfg.inference.num_servers * cfg.inference.threads
-                )
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, need),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    object_store_memory=128 * 1024**2,
-                    runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-                    # Ray renices workers to 15 by default; here the actors are the workload.
-                    _system_config={"worker_niceness": 0},
-                )
+        init_ray(self.cfg)
         self.servers: list[Any] = []
         self.workers: list[Any] = []
         self._runs: list[Any] = []
@@ -146,29 +174,7 @@ class RayPlacement:
             w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)])
             self.workers.append(w)
             self._runs.append(w.run.remote())
-        self._trainer_refs = self._start_trainer_group()
-
-    def _start_trainer_group(self) -> list[Any]:
-        """``trainer.world_size`` trainer ranks, one placement-group bundle each; their run refs."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        t = self.cfg.trainer
-        bundle = {"CPU": float(t.threads), **({"GPU": 1.0} if t.device == "cuda" else {})}
-        _check_fits(bundle, t.world_size, self.ray.cluster_resources())
-        group = self.ray.util.placement_group([bundle] * t.world_size, strategy=t.placement_strategy)
-        if not self.ray.get(group.ready(), timeout=120):
-            raise ValueError(
-                f"trainer.world_size={t.world_size}: Ray could not place {t.world_size} x {bundle}"
-            )
-        actor = self.ray.remote(num_cpus=t.threads, num_gpus=bundle.get("GPU", 0))(_TrainerActor)
-        ranks = [
-            actor.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r)
-            ).remote(self.cfg, str(self.run_dir), r)
-            for r in range(t.world_size)
-        ]
-        address = self.ray.get(ranks[0].address.remote()) if t.world_size > 1 else ""
-        return [r.run.remote(address) for r in ranks]
+        self._trainer_refs = start_rank_group(self.cfg, _train_rank, self.cfg, str(self.run_dir))
 
     def trainer_done(self) -> bool:
         ready, _ = self.ray.wait(self._trainer_refs, timeout=0)  # any rank ending ends the group

@@ -227,7 +227,7 @@ def train_step(
         if not filler:
             for key in sums:
                 sums[key] = sums[key] + metrics[key].detach().double().cpu()
-    grad_norm_f = _clip(params, cfg.grad_clip)
+    grad_norm_f = clip_grad_norm(params, cfg.grad_clip)
     skipped = not math.isfinite(grad_norm_f)
     if not skipped:
         optimizer.step()
@@ -251,7 +251,7 @@ def train_step(
     return out
 
 
-def _clip(params: list[Tensor], max_norm: float) -> float:
+def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
     """Clip the global gradient norm (sharded gradients included); the norm before clipping."""
     if not params:
         return 0.0
