@@ -35,6 +35,8 @@ def test_two_rank_trainer_runs_the_loop(tmp_path: Path) -> None:
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["mismatch/k3"] < 1e-3 for r in steps)  # both ranks' tokens scored, fp32 agrees
     assert all(r["train/num_seqs"] == 2 * 4 for r in steps)
+    ranks_shards = {s.name.split("-")[0] for s in read_manifest(store, 2).encodings["delta"].shards}
+    assert ranks_shards == {"r0", "r1"}  # each rank uploaded the delta of the tensors it owns
     weights = load_version(store, 2)  # the gathered full weights verify against the manifest digest
     assert read_manifest(store, 2).state_digest and "model.embed_tokens.weight" in weights
     ckpt = tmp_path / "tiny/checkpoints/step-000002"

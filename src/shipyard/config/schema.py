@@ -44,6 +44,10 @@ class ModelConfig(_Section):
     """> 0: sparse-upcycle the loaded Llama policy (e.g. SmolLM2) into a Mixtral MoE with this many
     experts per layer, top-2, each a copy of the dense MLP jittered by 2% (`models.loading.upcycle_to_moe`):
     a small MoE that can already solve tasks, for router-replay runs. 0 = the model as loaded."""
+    random_init: bool = False
+    """Build the architecture of `source` (its config.json) with random, seeded weights instead of
+    loading them: for throughput runs where the weights are not at hand (e.g. a GPU machine with an
+    HF directory of config and tokenizer only)."""
     init_from: str | None = None
     """Directory of weights that replace the loaded ones before anything else: the output of
     `shipyard midtrain` (`<midtrain.output_dir>/final`) or `shipyard warmstart`. Its tensors must be

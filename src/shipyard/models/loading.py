@@ -156,6 +156,12 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
     tok = load_tokenizer(cfg)
     if cfg.source == "tiny":
         model = build_tiny(cfg.tiny, len(tok), cfg.seed)
+    elif cfg.random_init:
+        from transformers import AutoConfig
+
+        torch.manual_seed(cfg.seed)
+        path = _hf_dir(cfg) if cfg.source == "hf" else smollm2_dir(cfg.cache_dir)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
     else:
         path = _hf_dir(cfg) if cfg.source == "hf" else smollm2_dir(cfg.cache_dir)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -15,7 +15,8 @@ Contract:
   every rank; :func:`micro_batches` gives each rank the same number of micro-batches (a rank with
   fewer sequences runs zero-weight filler ones), so FSDP's collectives line up.
 - :func:`full_params` gathers every parameter whole (a collective), as CPU tensors named as in
-  the unwrapped model: what a published version holds.
+  the unwrapped model: what a published version holds. :func:`rank_tensors` splits them into the
+  share each rank encodes and uploads (sharded publishing; rank 0 writes the one manifest).
 Limits: data parallel only (one mesh dimension; no tensor, pipeline or expert parallelism); the KL
 reference model is a full unsharded copy on every rank; cross-node runs need the checkpoint
 directory on a file system every rank sees.
@@ -178,6 +179,19 @@ def micro_batches(split: list[list[int]], rank: int, micro_batch: int) -> list[l
     count = max(math.ceil(len(s) / micro_batch) for s in split)
     mine = split[rank]
     return [mine[i * micro_batch : (i + 1) * micro_batch] for i in range(count)]
+
+
+def rank_tensors(tensors: dict[str, torch.Tensor], world: int) -> list[list[str]]:
+    """The names of the tensors each rank encodes and publishes: largest first, each to the rank
+    with the fewest bytes so far (ties to the lower rank). Depends only on names and sizes, so it
+    is the same on every rank and for every version (each rank's delta parent stays its own)."""
+    loads = [0] * world
+    owned: list[list[str]] = [[] for _ in range(world)]
+    for name in sorted(tensors, key=lambda n: (-tensors[n].numel() * tensors[n].element_size(), n)):
+        r = min(range(world), key=lambda k: (loads[k], k))
+        owned[r].append(name)
+        loads[r] += tensors[name].numel() * tensors[name].element_size()
+    return owned
 
 
 def merge_rank_metrics(ranks: Ranks, mismatch: MismatchAccumulator, seam: RouterSeam | None) -> None:

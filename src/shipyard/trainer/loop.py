@@ -13,6 +13,11 @@ base model):
 A restart loads the newest complete checkpoint and re-publishes its version if the crash came
 between 3 and 4, so no published version is lost and no group is trained on twice. At the end it
 writes ``control/finished`` so rollout workers stop.
+
+A sharded trainer (``trainer.world_size > 1``) runs this on every rank: rank 0 reads the feed and
+broadcasts the step's groups, every rank trains its share of the sequences
+(:mod:`shipyard.trainer.distributed`), all write the checkpoint together (DCP), every rank codes
+and uploads its share of the version, and rank 0 writes the manifest, the metrics and the end.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from shipyard.metrics.logger import MetricsLogger, read_metrics
 from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
-from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params
+from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params, rank_tensors
 from shipyard.trainer.feed import RolloutFeed, Taken
 from shipyard.trainer.records import write_step_logprobs
 from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
@@ -61,8 +66,9 @@ def run_trainer(
         "consumed": [],
         "idle_s": 0.0,
     }
-    lead = _Leader(cfg, store, run_dir, identity.run_id, state) if ranks.leader else None
-    _publish(lead, ranks, state["step"], policy, only_missing=True)
+    publisher = _publisher(cfg, store, with_feed=ranks.leader)
+    lead = _Leader(cfg, store, run_dir, identity.run_id, state, publisher) if ranks.leader else None
+    _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
@@ -92,7 +98,7 @@ def run_trainer(
         save_checkpoint(
             ckpt_root, step, policy.scorer, policy.optimizer, state, cfg.trainer.keep_checkpoints, ranks
         )
-        manifest = _publish(lead, ranks, step, policy)
+        manifest = _publish(lead, publisher, ranks, step, policy)
         if lead and manifest:
             lead.logger.log(
                 step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest}
@@ -113,9 +119,15 @@ class _Leader:
     """What rank 0 alone does: read the feed, publish versions, log metrics, end the run."""
 
     def __init__(
-        self, cfg: ShipyardConfig, store: Store, run_dir: Path, run_id: str, state: dict[str, Any]
+        self,
+        cfg: ShipyardConfig,
+        store: Store,
+        run_dir: Path,
+        run_id: str,
+        state: dict[str, Any],
+        publisher: Any,
     ) -> None:
-        self.publisher = _publisher(cfg, store)
+        self.publisher = publisher
         self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]))
         self.logger = MetricsLogger(run_dir)
         _relog_checkpointed_step(self.logger, state, store)
@@ -133,14 +145,24 @@ class _Leader:
 
 
 def _publish(
-    lead: _Leader | None, ranks: Ranks, step: int, policy: Policy, only_missing: bool = False
+    lead: _Leader | None, publisher: Any, ranks: Ranks, step: int, policy: Policy, only_missing: bool = False
 ) -> Any:
-    """Publish version ``step`` (every rank gathers the full weights; rank 0 uploads): its manifest on
-    rank 0, None elsewhere or when ``only_missing`` and it is already published."""
+    """Publish version ``step``: its manifest on rank 0, None elsewhere or when ``only_missing`` and it
+    is already published. One process codes every tensor; a trainer group gathers the full weights
+    on every rank, each rank codes and uploads the share it owns (:func:`rank_tensors`) in
+    parallel, and rank 0 writes the one manifest naming every rank's shards, last."""
     if ranks.broadcast(only_missing and lead is not None and lead.publisher.has(step)):
         return None
-    weights = named_params(policy.model) if ranks.world == 1 else full_params(policy.scorer, "model.")
-    return lead.publisher.publish(step, weights) if lead else None
+    if ranks.world == 1:
+        return publisher.publish(step, named_params(policy.model))
+    weights = full_params(policy.scorer, "model.")
+    mine = {n: weights[n] for n in rank_tensors(weights, ranks.world)[ranks.rank]}
+    ready = ranks.gather(publisher.delta_ready(step, mine))
+    delta = ranks.broadcast(all(ready) if ranks.leader else None)
+    snapshot = not delta or step % publisher.snapshot_every == 0
+    part = publisher.encode(step, mine, delta=delta, snapshot=snapshot, prefix=f"r{ranks.rank}-")
+    parts = ranks.gather(part)
+    return publisher.commit(step, parts) if lead else None
 
 
 def _train_record(taken: Taken, stats: dict[str, float], timing: dict[str, float]) -> dict[str, Any]:
@@ -194,13 +216,13 @@ def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, 
     return cfg.trainer.model_copy(update={"bf16_decoder": use}), {"bf16_decoder": use, "reason": reason}
 
 
-def _publisher(cfg: ShipyardConfig, store: Store) -> WeightPublisher:
-    """The trainer's publisher, serving a version feed when ``weights.feed_port`` is set."""
+def _publisher(cfg: ShipyardConfig, store: Store, with_feed: bool = True) -> WeightPublisher:
+    """The trainer's publisher, serving a version feed when ``weights.feed_port`` is set (rank 0's)."""
     from shipyard.weights.feed import VersionFeed
 
     w = cfg.weights
     feed = None
-    if w.feed_port is not None:
+    if w.feed_port is not None and with_feed:
         feed = VersionFeed(w.feed_host, w.feed_port, int(w.feed_inline_mb * (1 << 20))).start()
     return WeightPublisher(
         store,

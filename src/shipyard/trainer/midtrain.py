@@ -81,7 +81,12 @@ def midtrain_rank(ranks: Ranks, cfg: ShipyardConfig) -> dict[str, Any]:
     m, out = cfg.midtrain, Path(cfg.midtrain.output_dir)
     model, tok, scorer, bf16 = _policy(cfg, ranks)
     corpus = _corpus(m, tok, out, ranks)
-    opt = torch.optim.AdamW([p for p in scorer.parameters() if p.requires_grad], lr=m.lr, betas=tuple(cfg.trainer.betas), weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        [p for p in scorer.parameters() if p.requires_grad],
+        lr=m.lr,
+        betas=tuple(cfg.trainer.betas),
+        weight_decay=0.0,
+    )
     state = load_latest_checkpoint(out / "checkpoints", scorer, opt, ranks) or {"step": 0}
     heldout_TT = corpus.heldout_seqs(m.heldout_seqs)
     eval_kw = {"micro_batch": m.micro_batch, "bf16": bf16, "ranks": ranks}

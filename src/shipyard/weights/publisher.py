@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from shipyard.store.types import Store
@@ -161,17 +162,46 @@ class WeightPublisher:
         self, version: int, tensors: Mapping[str, Any], extra: dict[str, Any] | None = None
     ) -> Manifest:
         """Write ``version`` (see the module contract); returns its manifest."""
+        delta = self.delta_ready(version, tensors)
+        part = self.encode(
+            version, tensors, delta=delta, snapshot=not delta or version % self.snapshot_every == 0
+        )
+        return self.commit(version, [part], extra)
+
+    def delta_ready(self, version: int, tensors: Mapping[str, Any]) -> bool:
+        """Whether ``version`` can be coded as a delta of these tensors against the kept parent."""
         self._resume_parent(version)
-        parent = self._parent if self.deltas and self._fits(tensors) else None
         if self._parent_version is not None and version <= self._parent_version:
-            parent = None  # republishing an old version: no delta against a newer parent
-        with_snapshot = parent is None or version % self.snapshot_every == 0
+            return False  # republishing an old version: no delta against a newer parent
+        return self.deltas and self._fits(tensors)
+
+    def encode(
+        self, version: int, tensors: Mapping[str, Any], *, delta: bool, snapshot: bool, prefix: str = ""
+    ) -> PublishedPart:
+        """Code and upload ``tensors`` of ``version`` (a delta against the kept parent and/or a
+        snapshot), shards named with ``prefix``; no manifest (:meth:`commit` writes it). A trainer
+        rank encodes the tensors it owns this way, in parallel with the others."""
+        assert delta or snapshot, "a version needs at least one encoding"
+        assert not delta or self.delta_ready(version, tensors), "delta asked for without a fitting parent"
         try:
-            manifest, kept = self._write(version, tensors, parent, with_snapshot, extra or {})
+            return self._write(version, tensors, self._parent if delta else None, snapshot, prefix)
         except BaseException:
             self._parent, self._parent_version = None, None  # the parent copy may be half updated
             self._indexes = {}
             raise
+
+    def commit(
+        self, version: int, parts: list[PublishedPart], extra: dict[str, Any] | None = None
+    ) -> Manifest:
+        """Write the manifest naming every part's shards (the commit point), tell the feed, move
+        LATEST, collect garbage; returns the manifest. Every part must carry the same encodings."""
+        manifest, kept = _merge(version, parts, extra or {})
+        if (
+            kept is not None
+            and self.feed is not None
+            and sum(map(len, kept.values())) > self.feed.inline_max_bytes
+        ):
+            kept = None  # each part fit the inline limit, together they do not
         data = manifest.to_bytes()
         self.store.put(manifest_key(version), data)  # the commit point: the version exists
         if self.feed is not None:  # followers need no LATEST: they get the manifest itself
@@ -204,14 +234,14 @@ class WeightPublisher:
         p = self._parent
         return (
             p is not None
-            and set(p) == set(tensors)
+            and set(tensors) <= set(p)
             and all(
                 p[k].dtype == (self.dtype or t.dtype) and p[k].shape == t.shape for k, t in tensors.items()
             )
         )
 
     def _writers(
-        self, version: int, delta: bool, snapshot: bool, up: ThreadPoolExecutor
+        self, version: int, delta: bool, snapshot: bool, up: ThreadPoolExecutor, prefix: str
     ) -> dict[str, _ShardWriter]:
         """One shard writer per encoding the version gets (``delta``, ``snapshot``)."""
         # shards of a version this publisher has not written yet may exist only from an earlier
@@ -220,7 +250,14 @@ class WeightPublisher:
         keep = {"delta": self.feed.inline_max_bytes if self.feed is not None else 0, "snapshot": 0}
         return {
             kind: _ShardWriter(
-                self.store, version, kind, self.shard_bytes, up, self.connections, resume, keep[kind]
+                self.store,
+                version,
+                f"{prefix}{kind}",
+                self.shard_bytes,
+                up,
+                self.connections,
+                resume,
+                keep[kind],
             )
             for kind, wanted in (("delta", delta), ("snapshot", snapshot))
             if wanted
@@ -232,9 +269,10 @@ class WeightPublisher:
         tensors: Mapping[str, Any],
         parent: dict[str, Any] | None,
         with_snapshot: bool,
-        extra: dict[str, Any],
-    ) -> tuple[Manifest, dict[str, bytes] | None]:
-        """The version's manifest, and its delta shards' bytes when they fit the feed's inline limit."""
+        prefix: str,
+    ) -> PublishedPart:
+        """Code and upload the tensors; the part (entries, encodings, the delta shards' bytes when they
+        fit the feed's inline limit). The kept parent becomes exactly these tensors."""
         from shipyard.weights.codec import encode_delta, encode_snapshot
         from shipyard.weights.states import indexes_for, tensor_digest
 
@@ -243,9 +281,9 @@ class WeightPublisher:
             self._indexes = {}  # a new parent: indexes are built again by the next delta
         index = indexes_for(list(tensors), self._indexes)
         parent_version = self._parent_version if parent is not None else None
-        new_parent: dict[str, Any] = {} if parent is None else parent
+        new_parent: dict[str, Any] = {} if parent is None else {n: parent[n] for n in tensors}
         with ThreadPoolExecutor(self.connections, thread_name_prefix="weights-upload") as up:
-            writers = self._writers(version, parent is not None, with_snapshot, up)
+            writers = self._writers(version, parent is not None, with_snapshot, up, prefix)
 
             def code(name: str) -> tuple[str, str, dict[str, bytes]]:
                 t = tensors[name].detach().to("cpu", self.dtype).contiguous()
@@ -270,16 +308,52 @@ class WeightPublisher:
             encodings = {k: w.finish(codecs[k], parents[k]) for k, w in writers.items()}
             kept = writers["delta"].kept if "delta" in writers else None
         self._parent, self._parent_version = new_parent, version
-        manifest = Manifest(
-            version=version,
-            parent=parent_version,
-            tensors=entries,
-            encodings=encodings,
-            state_digest=state_digest({k: e.digest for k, e in entries.items()}),
-            created_at=time.time(),
-            extra=extra,
-        )
-        return manifest, kept
+        return PublishedPart(entries, encodings, kept)
+
+
+@dataclass
+class PublishedPart:
+    """What one encoder wrote of a version: its tensors' entries and encodings (shards + byte ranges)
+    and, when they fit the feed's inline limit, its delta shards' bytes."""
+
+    entries: dict[str, TensorEntry]
+    encodings: dict[str, Encoding]
+    kept: dict[str, bytes] | None
+
+
+def _merge(
+    version: int, parts: list[PublishedPart], extra: dict[str, Any]
+) -> tuple[Manifest, dict[str, bytes] | None]:
+    """One manifest over the parts (shard indexes of later parts shifted past earlier ones' shards)."""
+    kinds = set(parts[0].encodings)
+    assert all(set(p.encodings) == kinds for p in parts), "every part must carry the same encodings"
+    entries: dict[str, TensorEntry] = {}
+    encodings = {}
+    for kind in sorted(kinds):
+        shards: list[ShardEntry] = []
+        ranges: dict[str, list[int]] = {}
+        for p in parts:
+            enc = p.encodings[kind]
+            ranges.update({n: [i + len(shards), off, size] for n, (i, off, size) in enc.ranges.items()})
+            shards += enc.shards
+        first = parts[0].encodings[kind]
+        encodings[kind] = Encoding(first.codec, first.parent, shards, ranges)
+    for p in parts:
+        assert not set(p.entries) & set(entries), "parts must not share a tensor"
+        entries.update(p.entries)
+    kept = None
+    if all(p.kept is not None for p in parts):
+        kept = {k: v for p in parts for k, v in (p.kept or {}).items()}
+    manifest = Manifest(
+        version=version,
+        parent=encodings["delta"].parent if "delta" in encodings else None,
+        tensors=entries,
+        encodings=encodings,
+        state_digest=state_digest({k: e.digest for k, e in entries.items()}),
+        created_at=time.time(),
+        extra=extra,
+    )
+    return manifest, kept
 
 
 def _ordered_map(fn: Any, names: list[str], workers: int) -> Iterator[Any]:
