@@ -190,3 +190,13 @@ def test_trainer_killed_mid_save_resumes_from_the_previous_checkpoint(tmp_path: 
 def _run(world: int, fn: Any, *args: Any) -> Any:
     """``fn`` at ``world`` ranks (world 1 in this process); rank 0's result."""
     return fn(Ranks(), *args) if world == 1 else spawn_ranks(fn, world, *args)[0]
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(tmp_path: Path) -> None:
+    from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
+
+    dense = TokenScorer(build_tiny("dense", VOCAB))
+    save_checkpoint(tmp_path, 1, dense, make_optimizer(dense, _cfg()), {"step": 1})
+    moe = TokenScorer(build_tiny("moe", VOCAB))
+    with pytest.raises(ValueError, match=r"checkpoint .*step-000001 does not fit this model"):
+        load_latest_checkpoint(tmp_path, moe, make_optimizer(moe, _cfg()))

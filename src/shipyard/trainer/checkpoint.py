@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_model
+from torch.distributed.checkpoint.api import CheckpointException
 
 from shipyard.trainer.distributed import ONE_PROCESS, Ranks
 
@@ -210,7 +211,7 @@ def load_latest_checkpoint(
             _load_legacy(path, model, optimizer, ranks)
         else:
             _load_dcp(path, model, optimizer, ranks)
-    except (RuntimeError, KeyError) as e:
+    except (RuntimeError, KeyError, CheckpointException) as e:
         raise ValueError(
             f"checkpoint {path} does not fit this model ({e}); it was written by a run of another model: "
             "give this run another run.name, or move the checkpoints directory away"
