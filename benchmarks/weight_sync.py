@@ -17,9 +17,13 @@ small delta inline; origin polls go on every second as the fallback) and serves 
 servers a feed of its own on loopback. ``--no-feed``: relays and servers only poll, every
 ``--poll-s``.
 
-Two modes run one after the other on the same versions and network:
+Three modes run one after the other on the same versions and network:
 - ``baseline``: every version is a full snapshot (zstd of byte planes), i.e. ship the whole model;
-- ``ours``: a delta against the previous version (snapshots only every ``--snapshot-every``).
+- ``ours``: a delta against the previous version (snapshots only every ``--snapshot-every``), coded
+  and uploaded by one process (the one-process trainer);
+- ``sharded``: the same deltas coded and uploaded by ``--publish-ranks`` processes in parallel, each
+  the share of the tensors a trainer rank owns (:func:`shipyard.trainer.distributed.rank_tensors`),
+  one manifest naming all their shards written last (what a sharded trainer publishes).
 
 Per version it records: ``sync_s`` = last server's adoption time - publish start (so it includes
 encoding, upload, relay polling, the long-haul fetch, decoding, digest checks and the swap);
@@ -129,7 +133,68 @@ def delay_follower(url: str, after: Any, on_push: Any, rtt_s: float) -> Any:
 # ---------------------------------------------------------------- roles run inside namespaces
 
 
-MODES = ("baseline", "ours")
+MODES = ("baseline", "ours", "sharded")
+
+
+def _rank_encoder(conn: Any, args: argparse.Namespace, rank: int, world: int) -> None:
+    """A publishing rank of the ``sharded`` mode: for each version asked on ``conn``, code and upload
+    the tensors it owns (its own delta parent) and send back its part of the manifest."""
+    from safetensors.torch import load_file
+
+    from shipyard.trainer.distributed import rank_tensors
+    from shipyard.weights.publisher import WeightPublisher
+
+    pub = WeightPublisher(
+        s3(args.endpoint, "shipyard-sync/sharded"), snapshot_every=args.snapshot_every, keep=2
+    )
+    while (v := conn.recv()) is not None:
+        tensors = load_file(Path(args.versions_dir) / f"v{v:04d}.safetensors")
+        mine = {n: tensors[n] for n in rank_tensors(tensors, world)[rank]}
+        delta = pub.delta_ready(v, mine)
+        conn.send(
+            pub.encode(
+                v, mine, delta=delta, snapshot=not delta or v % args.snapshot_every == 0, prefix=f"r{rank}-"
+            )
+        )
+
+
+class ShardedPublisher:
+    """``--publish-ranks`` encoder processes (rank 0 is this one) and the commit of one manifest."""
+
+    def __init__(self, args: argparse.Namespace, feed: Any) -> None:
+        import multiprocessing as mp
+
+        from shipyard.weights.publisher import WeightPublisher
+
+        self.world = args.publish_ranks
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(1, self.world):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_rank_encoder, args=(there, args, rank, self.world), daemon=True)
+            proc.start()
+            self.conns.append(here)
+            self.procs.append(proc)
+        self.lead = WeightPublisher(
+            s3(args.endpoint, "shipyard-sync/sharded"), snapshot_every=args.snapshot_every, keep=2, feed=feed
+        )
+        self.args = args
+
+    def publish(self, v: int, tensors: dict[str, Any]) -> Any:
+        from shipyard.trainer.distributed import rank_tensors
+
+        for conn in self.conns:
+            conn.send(v)
+        mine = {n: tensors[n] for n in rank_tensors(tensors, self.world)[0]}
+        delta = self.lead.delta_ready(v, mine)
+        snapshot = not delta or v % self.args.snapshot_every == 0
+        parts = [self.lead.encode(v, mine, delta=delta, snapshot=snapshot, prefix="r0-")]
+        parts += [conn.recv() for conn in self.conns]
+        return self.lead.commit(v, parts)
+
+    @property
+    def announced_at(self) -> float:
+        return self.lead.announced_at
 
 
 def role_publisher(args: argparse.Namespace) -> None:
@@ -143,7 +208,7 @@ def role_publisher(args: argparse.Namespace) -> None:
     modes = args.modes.split(",")
     ports = [int(p) for p in args.feed_ports.split(",")] if args.feed_ports else []
     feeds = {mode: VersionFeed("0.0.0.0", port).start() for mode, port in zip(modes, ports, strict=False)}
-    pubs = {
+    pubs: dict[str, Any] = {
         mode: WeightPublisher(
             s3(args.endpoint, f"shipyard-sync/{mode}"),
             snapshot_every=args.snapshot_every,
@@ -154,7 +219,10 @@ def role_publisher(args: argparse.Namespace) -> None:
             feed=feeds.get(mode),
         )
         for mode in modes
+        if mode != "sharded"
     }
+    if "sharded" in modes:
+        pubs["sharded"] = ShardedPublisher(args, feeds.get("sharded"))
     emit(event="ready", who="publisher")
     for line in sys.stdin:
         mode, v = line.split()[0], int(line.split()[1])
@@ -430,6 +498,7 @@ def start_roles(
         common += ["--feed-ports", ",".join(str(free[i]) for i in range(len(args.modes.split(","))))]
     pub_args = ["--role", "publisher", "--endpoint", f"http://127.0.0.1:{port}"]
     pub_args += ["--versions-dir", str(work / "versions"), "--snapshot-every", str(args.snapshot_every)]
+    pub_args += ["--publish-ranks", str(args.publish_ranks)]
     procs = [
         Proc("publisher", [*net.exec_prefix(net.origin), *me, *pub_args, *common], events, work / "pub.log")
     ]
@@ -600,6 +669,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rtt-ms", type=float, default=100.0, help="long-haul round trip (emulated in-process)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--snapshot-every", type=int, default=10)
+    ap.add_argument("--publish-ranks", type=int, default=2, help="encoder processes of the sharded mode")
     ap.add_argument("--poll-s", type=float, default=0.02)
     ap.add_argument(
         "--modes", default=",".join(MODES), help="modes run, comma-separated (both for the results)"
@@ -651,10 +721,15 @@ def results_json(results: dict[str, dict], args: argparse.Namespace, info: dict)
         "servers_per_region": args.servers,
         "sync_over_bound": ours["sync_s"] / ours["bound_s"],
         "speedup_vs_baseline": base["sync_s"] / ours["sync_s"],
+        "sharded_publish_sync_s": results["sharded"]["sync_s"],
+        "sharded_publish_s": results["sharded"]["publish_s"],
+        "single_publish_s": ours["publish_s"],
+        "publish_ranks": args.publish_ranks,
         "link_bytes_per_region": ours["link_bytes_per_region"],
         "baseline": {k: v for k, v in base.items() if k != "versions"},
         "ours": {k: v for k, v in ours.items() if k != "versions"},
-        "per_version": {"baseline": base["versions"], "ours": ours["versions"]},
+        "sharded": {k: v for k, v in results["sharded"].items() if k != "versions"},
+        "per_version": {m: results[m]["versions"] for m in MODES},
         "config": {**{k: getattr(args, k) for k in keys}, **info},
         "network": "veth pairs between network namespaces, tc tbf at rate_mbit both ways; RTT emulated "
         "in-process (sch_netem is not available in this kernel); all processes share one machine's CPUs",
