@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
         print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
     elif args.command == "midtrain":
-        from shipyard.trainer.midtrain import run_midtrain
+        from shipyard.orchestrate.midtrain import run_midtrain
 
         report = run_midtrain(cfg)
         print(

@@ -1,7 +1,10 @@
 """The tiny run with a sharded trainer: two FSDP2 ranks as Ray actors in one placement group train
-it, rank 0 publishes; killed after a step's checkpoint, the run resumes at another world size."""
+it, each rank publishes its share of every version; mid-training with two ranks ends where one
+process does."""
 
 from pathlib import Path
+
+import pytest
 
 from shipyard.config import load_config
 from shipyard.metrics.logger import read_metrics
@@ -41,3 +44,39 @@ def test_two_rank_trainer_runs_the_loop(tmp_path: Path) -> None:
     assert read_manifest(store, 2).state_digest and "model.embed_tokens.weight" in weights
     ckpt = tmp_path / "tiny/checkpoints/step-000002"
     assert (ckpt / "meta.json").is_file() and len(list((ckpt / "dcp").glob("*.distcp"))) == 2
+
+
+def test_midtrain_at_world_2_matches_world_1(tmp_path: Path) -> None:
+    """Mid-training with two Ray-placed ranks ends where one process does (same data, same update)."""
+    import sysconfig
+
+    from shipyard.orchestrate.midtrain import run_midtrain
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpus = [str(stdlib / "json"), str(stdlib / "email")]
+
+    def cfg(world: int, out: Path):
+        return load_config(
+            ROOT / "configs/tiny.toml",
+            [
+                "run.placement=ray",
+                f"trainer.world_size={world}",
+                f"midtrain.corpus_dirs={corpus!r}".replace("'", '"'),
+                "midtrain.seq_len=64",
+                "midtrain.batch_seqs=4",
+                "midtrain.micro_batch=2",
+                "midtrain.steps=4",
+                "midtrain.lr=1e-2",
+                "midtrain.heldout_frac=0.2",
+                "midtrain.heldout_seqs=6",
+                f'midtrain.output_dir="{out / "mt"}"',
+                f'run.results_dir="{out / "results"}"',
+            ],
+        )
+
+    one = run_midtrain(cfg(1, tmp_path / "one"))
+    two = run_midtrain(cfg(2, tmp_path / "two"))
+    assert two["world_size"] == 2 and two["node"]
+    assert two["heldout_code_loss_before"] == pytest.approx(one["heldout_code_loss_before"], abs=1e-5)
+    assert two["heldout_code_loss_after"] == pytest.approx(one["heldout_code_loss_after"], abs=1e-4)
+    assert two["heldout_code_loss_after"] < two["heldout_code_loss_before"]

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 from shipyard.config import load_config
 from shipyard.config.schema import MidtrainConfig
 from shipyard.models.loading import load_model, load_tokenizer
+from shipyard.orchestrate.midtrain import run_midtrain
 from shipyard.trainer import midtrain
 from shipyard.trainer.corpus import build_corpus, is_heldout
-from shipyard.trainer.midtrain import flops_per_token, lm_step, lr_at, run_midtrain, step_indices
+from shipyard.trainer.midtrain import flops_per_token, lm_step, lr_at, step_indices
 
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -3,8 +3,9 @@
 It trains what the RL run trains: all parameters, or the top ``trainer.train_layers`` blocks and
 the final norm (the CPU budget knob of the shipped configs).
 
-Contract of :func:`midtrain_rank` (every rank of the group calls it; :func:`run_midtrain` starts
-the group: in this process at ``trainer.world_size = 1``, as Ray actors otherwise):
+Contract of :func:`midtrain_rank` (every rank of the group calls it;
+:func:`shipyard.orchestrate.midtrain.run_midtrain` starts the group: in this process at
+``trainer.world_size = 1``, as Ray actors otherwise):
 - rank 0 builds (or reuses) the corpus (:mod:`shipyard.trainer.corpus`); the others wait, then load it;
 - step ``s`` (1-based) trains global sequences ``(s-1)·B … s·B-1`` of a per-epoch permutation of the
   train windows (seeded with ``run.seed`` and the epoch, so a resumed run sees the same order);
@@ -46,30 +47,11 @@ import torch
 
 from shipyard.config.schema import MidtrainConfig, ShipyardConfig
 from shipyard.trainer.corpus import Corpus, build_corpus
-from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params
+from shipyard.trainer.distributed import Ranks, full_params
 from shipyard.trainer.logprobs import TokenScorer, token_logprobs
 
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12}
 """Dense bf16 tensor-core peaks (vendor data sheets, SXM parts, no sparsity) by GPU name fragment."""
-
-
-def run_midtrain(cfg: ShipyardConfig) -> dict[str, Any]:
-    """Mid-train with ``trainer.world_size`` ranks; rank 0's report."""
-    if cfg.trainer.world_size == 1:
-        return midtrain_rank(ONE_PROCESS, cfg)
-    import ray
-
-    from shipyard.orchestrate.ray_placement import init_ray, start_rank_group
-
-    cfg = cfg.model_copy(deep=True)  # ranks run elsewhere: absolute paths
-    cfg.midtrain.output_dir = str(Path(cfg.midtrain.output_dir).resolve())
-    cfg.run.results_dir = str(Path(cfg.run.results_dir).resolve())
-    cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
-    init_ray(cfg)
-    try:
-        return ray.get(start_rank_group(cfg, midtrain_rank, cfg))[0]
-    finally:
-        ray.shutdown()
 
 
 def midtrain_rank(ranks: Ranks, cfg: ShipyardConfig) -> dict[str, Any]:
