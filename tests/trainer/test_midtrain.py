@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from shipyard.config import load_config
 from shipyard.config.schema import MidtrainConfig
+from shipyard.metrics.logger import read_metrics
 from shipyard.models.loading import load_model, load_tokenizer
 from shipyard.orchestrate.midtrain import run_midtrain
 from shipyard.trainer import midtrain
@@ -122,6 +123,8 @@ def test_midtrain_lowers_heldout_loss_resumes_exactly_and_seeds_rl(
         run_midtrain(_midtrain_cfg(tmp_path / "c", "midtrain.steps=12"))
     monkeypatch.undo()
     resumed = run_midtrain(_midtrain_cfg(tmp_path / "c", "midtrain.steps=12"))
+    steps = [r["step"] for r in read_metrics(tmp_path / "c/mt/metrics.jsonl")]
+    assert steps == list(range(13))  # step 7, logged before the crash, is not in the file twice
     assert resumed["heldout_code_loss_after"] == pytest.approx(straight["heldout_code_loss_after"], abs=1e-6)
     a = load_file(str(tmp_path / "a/mt/final/model.safetensors"))
     c = load_file(str(tmp_path / "c/mt/final/model.safetensors"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def drop_after(path: str | Path, step: int) -> int:
+    """Rewrite the JSONL at ``path`` without its records of steps after ``step`` (atomically); how
+    many were dropped. A job resumed from the checkpoint of ``step`` calls it before logging again,
+    so the steps it repeats are not in the file twice."""
+    p = Path(path)
+    records = read_metrics(p)
+    keep = [r for r in records if r.get("step", 0) <= step]
+    if len(keep) == len(records):
+        return 0
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, default=float) + "\n" for r in keep))
+    os.replace(tmp, p)
+    return len(records) - len(keep)

@@ -56,7 +56,7 @@ PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 3
 
 def midtrain_rank(ranks: Ranks, cfg: ShipyardConfig) -> dict[str, Any]:
     """One rank's mid-training (module doc); the report (the same on every rank)."""
-    from shipyard.metrics.logger import MetricsLogger
+    from shipyard.metrics.logger import MetricsLogger, drop_after
     from shipyard.metrics.progress import StepBar
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
 
@@ -74,6 +74,8 @@ def midtrain_rank(ranks: Ranks, cfg: ShipyardConfig) -> dict[str, Any]:
     eval_kw = {"micro_batch": m.micro_batch, "bf16": bf16, "ranks": ranks}
     if state["step"] == 0:
         state["heldout_loss_before"] = heldout_loss(scorer, heldout_TT, **eval_kw)
+    if ranks.leader:
+        drop_after(out / "metrics.jsonl", state["step"])  # the steps a crash cost are logged again below
     logger = MetricsLogger(out) if ranks.leader else None
     if logger and state["step"] == 0:
         logger.log(0, {"kind": "midtrain", "heldout_loss": state["heldout_loss_before"]})
