@@ -195,38 +195,14 @@ def train_step(
     and trains its share (:func:`~shipyard.trainer.distributed.rank_split`); every micro-batch runs
     a backward so the ranks' collectives line up; rank 0 returns the metrics of the whole step."""
     norm = _check_batch(trajectories, advantages, cfg, ref_model)
-    device = next(model.parameters()).device
-    cfg = _resolve_precision(cfg, device.type)
+    cfg = _resolve_precision(cfg, next(model.parameters()).device.type)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
-    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("loss_sum", "clip_count", "kl_sum")}
     mismatch = MismatchAccumulator(trainer_logprobs)
     if seam is not None:
         seam.reset_disagreement()
-    split = rank_split(trajectories, ranks.world)
-    for idx in micro_batches(split, ranks.rank, cfg.micro_batch):
-        filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
-        chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
-        adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
-        needs_grad = ranks.world > 1 or bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
-        with torch.set_grad_enabled(needs_grad):
-            loss, metrics = _micro_batch_loss(
-                model,
-                ref_model,
-                chunk,
-                adv_B,
-                cfg,
-                pad_id,
-                norm,
-                temperature,
-                MismatchAccumulator() if filler else mismatch,
-                None if filler else seam,
-            )
-        if needs_grad and loss.requires_grad:
-            (loss * 0.0 if filler else loss).backward()
-        if not filler:
-            for key in sums:
-                sums[key] = sums[key] + metrics[key].detach().double().cpu()
+    score = {"cfg": cfg, "pad_id": pad_id, "norm": norm, "temperature": temperature, "seam": seam}
+    sums = _accumulate(model, ref_model, trajectories, advantages, mismatch, ranks, score)
     grad_norm_f = clip_grad_norm(params, cfg.grad_clip)
     skipped = not math.isfinite(grad_norm_f)
     if not skipped:
@@ -249,6 +225,45 @@ def train_step(
         skipped=float(skipped),
     )
     return out
+
+
+def _accumulate(
+    model: Any,
+    ref_model: Any | None,
+    trajectories: list[Trajectory],
+    advantages: list[float],
+    mismatch: MismatchAccumulator,
+    ranks: Ranks,
+    score: dict[str, Any],
+) -> dict[str, Tensor]:
+    """Forward and backward over this rank's micro-batches (gradients accumulate); the loss sums."""
+    cfg: TrainerConfig = score["cfg"]
+    device = next(model.parameters()).device
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("loss_sum", "clip_count", "kl_sum")}
+    for idx in micro_batches(rank_split(trajectories, ranks.world), ranks.rank, cfg.micro_batch):
+        filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
+        chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
+        adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
+        needs_grad = ranks.world > 1 or bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
+        with torch.set_grad_enabled(needs_grad):
+            loss, metrics = _micro_batch_loss(
+                model,
+                ref_model,
+                chunk,
+                adv_B,
+                cfg,
+                score["pad_id"],
+                score["norm"],
+                score["temperature"],
+                MismatchAccumulator() if filler else mismatch,
+                None if filler else score["seam"],
+            )
+        if needs_grad and loss.requires_grad:
+            (loss * 0.0 if filler else loss).backward()
+        if not filler:
+            for key in sums:
+                sums[key] = sums[key] + metrics[key].detach().double().cpu()
+    return sums
 
 
 def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
