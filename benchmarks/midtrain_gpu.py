@@ -10,7 +10,8 @@ dense bf16 peak (``6·N + 12·L·d·T`` FLOPs a token, :func:`~shipyard.trainer.
 peak GPU memory, the loss curve and the held-out loss before and after. Writes
 ``benchmarks/results/midtrain_gpu.json`` (``bf16_tokens_per_s``, ``fp8_tokens_per_s``, ``bf16_mfu``,
 ``fp8_mfu``, ``fp8_speedup``, ``max_abs_loss_gap`` between the curves, ``final_heldout_loss_*``)
-and ``midtrain_gpu_loss.png``.
+and ``midtrain_gpu_loss.png``. The scorer's LM head is fp32 (as in the RL trainer); by default it
+runs on TF32 tensor cores (``midtrain.tf32``), ``--no-tf32`` in full fp32.
 
 Limits: one GPU, so one rank (FSDP's sharding is a no-op at world size 1); the weights of the model
 do not travel to the GPU machine, so the model is the architecture of ``--model-dir`` with random
@@ -20,6 +21,7 @@ weights (``model.random_init``): the loss curves are those of training from scra
 Usage::
 
     python benchmarks/midtrain_gpu.py --model-dir .gpu/smollm2-1.7b --compile   # on a GPU machine
+    python benchmarks/midtrain_gpu.py --model-dir .gpu/smollm2-1.7b --compile --no-tf32  # full-fp32 head
     python benchmarks/midtrain_gpu.py --quick
 """
 
@@ -66,6 +68,7 @@ def _cfg(args: Any, variant: str, work: Path) -> Any:
                 "checkpoint_every": 1000,
                 "fp8": variant == "fp8",
                 "compile": args.compile and not quick,
+                "tf32": args.tf32,
                 "output_dir": str(work / variant),
             },
         }
@@ -128,15 +131,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing (compile, warm-up)")
     p.add_argument("--compile", action="store_true")
     p.add_argument(
-        "--tf32", action="store_true", help="fp32 matmuls (the scorer's fp32 LM head) on TF32 tensor cores"
+        "--no-tf32",
+        dest="tf32",
+        action="store_false",
+        help="fp32 matmuls (the scorer's fp32 LM head) in full fp32",
     )
     p.add_argument("--work", type=Path, default=Path("/tmp/midtrain_gpu"))
     args = p.parse_args()
     variants = ["bf16"] if args.quick else args.variants.split(",")
-    if args.tf32:
-        import torch
-
-        torch.backends.cuda.matmul.allow_tf32 = True
     results: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     args.out.mkdir(parents=True, exist_ok=True)

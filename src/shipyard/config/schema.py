@@ -615,6 +615,9 @@ class MidtrainConfig(_Section):
     fp8: bool = False
     """Matmuls of the decoder blocks' linear layers in FP8 (torchao `Float8Linear`, dynamic tensor-wise
     scaling); needs a CUDA GPU with FP8 units (Hopper or newer) and torchao."""
+    tf32: bool = True
+    """On CUDA, fp32 matmuls (the fp32 LM head of the scorer) on TF32 tensor cores: 1.55x tokens/s
+    for a 1.7B model on an H200 (docs/benchmarks.md). The RL trainer keeps full fp32 for its logprobs."""
     compile: bool = False
     """`torch.compile` each decoder block (fuses the FP8 casts and scales; minutes of compile time)."""
     output_dir: str = "runs/midtrain"

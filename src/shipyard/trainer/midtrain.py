@@ -120,6 +120,8 @@ def _policy(cfg: ShipyardConfig, ranks: Ranks) -> tuple[Any, Any, TokenScorer, b
     torch.manual_seed(cfg.run.seed)
     model, tok = load_model(cfg.model)
     model = model.to(cfg.trainer.device).train()
+    if cfg.trainer.device == "cuda" and cfg.midtrain.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True  # this process only trains: no RL logprobs here
     freeze_lower_layers(model, cfg.trainer.train_layers)
     bf16 = resolve_bf16(cfg.trainer.bf16_decoder, cfg.trainer.device, "trainer.bf16_decoder")[0]
     if cfg.midtrain.fp8:
