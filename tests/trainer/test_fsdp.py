@@ -58,13 +58,13 @@ def _cfg() -> TrainerConfig:
     )
 
 
-def _train(ranks: Ranks, kind: str) -> dict[str, Any]:
+def _train(ranks: Ranks, kind: str, fsdp: FsdpConfig | None = None) -> dict[str, Any]:
     """Three steps on ``kind``; the losses, grad norms and final full weights (every rank)."""
     torch.manual_seed(0)
     model = build_tiny(kind, VOCAB, seed=0).train()
     scorer = TokenScorer(model)
     if ranks.world > 1:
-        shard_policy(scorer, FsdpConfig(), bf16=False)
+        shard_policy(scorer, fsdp or FsdpConfig(), bf16=False)
     cfg = _cfg()
     opt = make_optimizer(scorer, cfg)
     losses, norms, k1 = [], [], []
@@ -104,6 +104,15 @@ def test_world_2_step_equals_world_1(kind: str) -> None:
     assert moved > 100 * WEIGHT_TOL  # the steps changed the weights far beyond the tolerance
     for n in one["weights"]:  # both ranks hold the same full weights
         assert torch.equal(two[0]["weights"][n], two[1]["weights"][n])
+
+
+def test_activation_checkpointing_and_no_reshard_change_nothing() -> None:
+    """The FSDP options trade memory for compute; the update is the same."""
+    one = _train(Ranks(), "dense")
+    opts = FsdpConfig(activation_checkpointing=True, reshard_after_forward=False)
+    two = spawn_ranks(_train, 2, "dense", opts)[0]
+    assert max(abs(a - b) for a, b in zip(one["losses"], two["losses"], strict=True)) < LOSS_TOL
+    assert max(float((one["weights"][n] - two["weights"][n]).abs().max()) for n in one["weights"]) < WEIGHT_TOL
 
 
 def _initial(kind: str) -> dict[str, torch.Tensor]:
