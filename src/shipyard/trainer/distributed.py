@@ -243,8 +243,7 @@ def _spawned(
 ) -> None:
     torch.set_num_threads(threads)
     ranks = join_group(rank, world, address, device)
-    try:
-        torch.save(fn(ranks, *args), f"{out_dir}/rank-{rank}.pt")
-    finally:
-        if world > 1:
-            torch.distributed.destroy_process_group()
+    torch.save(fn(ranks, *args), f"{out_dir}/rank-{rank}.pt")
+    if world > 1:  # no rank tears its group down while another is still in a collective
+        ranks.barrier()
+        torch.distributed.destroy_process_group()
