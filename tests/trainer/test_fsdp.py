@@ -112,7 +112,9 @@ def test_activation_checkpointing_and_no_reshard_change_nothing() -> None:
     opts = FsdpConfig(activation_checkpointing=True, reshard_after_forward=False)
     two = spawn_ranks(_train, 2, "dense", opts)[0]
     assert max(abs(a - b) for a, b in zip(one["losses"], two["losses"], strict=True)) < LOSS_TOL
-    assert max(float((one["weights"][n] - two["weights"][n]).abs().max()) for n in one["weights"]) < WEIGHT_TOL
+    assert (
+        max(float((one["weights"][n] - two["weights"][n]).abs().max()) for n in one["weights"]) < WEIGHT_TOL
+    )
 
 
 def _initial(kind: str) -> dict[str, torch.Tensor]:
