@@ -24,6 +24,7 @@ Usage::
 
     .venv/bin/python benchmarks/scaleout.py            # ~8 min
     .venv/bin/python benchmarks/scaleout.py --quick    # < 1 min
+    python benchmarks/scaleout.py --device cuda --model-dir .gpu/smollm2-1.7b   # the RL step on the GPU(s)
 """
 
 from __future__ import annotations
@@ -100,10 +101,10 @@ def golden_rank(ranks: Any, kind: str, ckpt: str | None = None, save_after: int 
     return {"losses": losses, "weights": full_params(scorer, "model.")}
 
 
-def _at(world: int, fn: Any, *args: Any) -> dict:
+def _at(world: int, fn: Any, *args: Any, device: str = "cpu") -> dict:
     from shipyard.trainer.distributed import ONE_PROCESS, spawn_ranks
 
-    return fn(ONE_PROCESS, *args) if world == 1 else spawn_ranks(fn, world, *args)[0]
+    return fn(ONE_PROCESS, *args) if world == 1 else spawn_ranks(fn, world, *args, device=device)[0]
 
 
 def _diffs(a: dict, b: dict) -> tuple[float, float]:
@@ -133,8 +134,9 @@ def golden() -> dict[str, Any]:
     }
 
 
-def throughput_rank(ranks: Any, quick: bool, threads: int, steps: int = 4) -> dict:
-    """Trained tokens/s of train_step at this world size (median of the steps after the first)."""
+def throughput_rank(ranks: Any, model: dict, threads: int, device: str = "cpu", steps: int = 4) -> dict:
+    """Trained tokens/s of train_step at this world size on ``device`` for the model of the
+    ``ModelConfig`` fields ``model`` (median of the steps after the first)."""
     import torch
 
     from shipyard.config.schema import FsdpConfig, ModelConfig, TrainerConfig
@@ -145,15 +147,18 @@ def throughput_rank(ranks: Any, quick: bool, threads: int, steps: int = 4) -> di
     from shipyard.trainer.step import freeze_lower_layers, make_optimizer, train_step
 
     torch.set_num_threads(threads)
-    model, tok = load_model(ModelConfig(source="tiny") if quick else ModelConfig())
-    bf16 = resolve_bf16("auto", "cpu", "trainer.bf16_decoder")[0]
-    cfg = TrainerConfig(lr=1e-6, micro_batch=2, train_layers=0 if quick else 6, bf16_decoder=bf16)
+    quick, on_gpu = model.get("source") == "tiny", device == "cuda"
+    model, tok = load_model(ModelConfig(**model))
+    model = model.to(device)
+    bf16 = resolve_bf16("auto", device, "trainer.bf16_decoder")[0]
+    layers = 0 if quick or on_gpu else 6  # a GPU trains every block; the CPU the demo's top 6
+    cfg = TrainerConfig(lr=1e-6, micro_batch=4 if on_gpu else 2, train_layers=layers, bf16_decoder=bf16)
     freeze_lower_layers(model.train(), cfg.train_layers)
     scorer = TokenScorer(model)
     if ranks.world > 1:
         shard_policy(scorer, FsdpConfig(), bf16=bf16)
     opt = make_optimizer(scorer, cfg)
-    lengths = (128,) * 8 if quick else (384,) * 8
+    lengths = (128,) * 8 if quick else (2048,) * 16 if on_gpu else (384,) * 8
     times = []
     for step in range(steps):
         trajs, advs = _batch(step, len(tok), lengths)
@@ -214,11 +219,39 @@ def sharded_publish() -> dict[str, Any]:
     }
 
 
+def gpu(args: Any) -> None:
+    """``--device cuda``: the RL trainer's step on the GPUs here (world 1, and world 2 over NCCL
+    when there are two); writes ``scaleout_gpu.json``."""
+    import torch
+
+    count = torch.cuda.device_count()
+    results: dict[str, Any] = {"gpus": count, "gpu": torch.cuda.get_device_name()}
+    model = (
+        {"source": "tiny"}
+        if args.quick
+        else {"source": "hf", "path": str(args.model_dir), "random_init": True}
+    )
+    results["trainer_tokens_per_s_gpu_world1"] = _at(1, throughput_rank, model, 8, "cuda")["tokens_per_s"]
+    if count >= 2:
+        w2 = _at(2, throughput_rank, model, 8, "cuda", device="cuda")
+        results["trainer_tokens_per_s_gpu_world2"] = w2["tokens_per_s"]
+    table("scale-out on GPU", {k: {"value": v} for k, v in results.items()})
+    write_results(args, "scaleout_gpu", results)
+
+
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU figures only")
+    p.add_argument(
+        "--model-dir", type=Path, default=Path(".gpu/smollm2-1.7b"), help="cuda: config + tokenizer"
+    )
+    args = p.parse_args()
+    if args.device == "cuda":
+        return gpu(args)
     results: dict[str, Any] = {**golden()}
-    w1 = _at(1, throughput_rank, args.quick, 2)
-    w2 = _at(2, throughput_rank, args.quick, 1)
+    model = {"source": "tiny"} if args.quick else {"source": "smollm2"}
+    w1 = _at(1, throughput_rank, model, 2)
+    w2 = _at(2, throughput_rank, model, 1)
     results.update(
         trainer_tokens_per_s_world1=w1["tokens_per_s"],
         trainer_tokens_per_s_world2=w2["tokens_per_s"],

@@ -102,8 +102,8 @@ def free_address(host: str) -> str:
 
 
 def join_group(rank: int, world: int, address: str, device: str, timeout_s: float = 600.0) -> Ranks:
-    """Join the trainer's process group; returns this rank. ``device`` ``cuda`` uses NCCL and this
-    process's first visible GPU (Ray gives each rank its own)."""
+    """Join the trainer's process group; returns this rank. ``device`` ``cuda`` uses NCCL and one GPU
+    per rank (under Ray the one it was given; in local processes GPU ``rank``)."""
     import datetime
 
     if world < 1 or not 0 <= rank < world:
@@ -111,8 +111,8 @@ def join_group(rank: int, world: int, address: str, device: str, timeout_s: floa
     if world == 1:
         return Ranks()
     backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":
-        torch.cuda.set_device(0)
+    if device == "cuda":  # Ray shows each rank its own GPU as device 0; local spawns see them all
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     torch.distributed.init_process_group(
         backend,
         init_method=address,
