@@ -2,6 +2,8 @@
 it, each rank publishes its share of every version; mid-training with two ranks ends where one
 process does."""
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,22 @@ def test_two_rank_trainer_runs_the_loop(tmp_path: Path) -> None:
     assert read_manifest(store, 2).state_digest and "model.embed_tokens.weight" in weights
     ckpt = tmp_path / "tiny/checkpoints/step-000002"
     assert (ckpt / "meta.json").is_file() and len(list((ckpt / "dcp").glob("*.distcp"))) == 2
+    with gzip.open(tmp_path / "tiny/logprobs/step-000002.json.gz") as f:  # both ranks' tokens, for the viewer
+        assert len(json.load(f)) == steps[-1]["train/num_seqs"]
+
+
+def test_a_run_resumes_at_another_world_size(tmp_path: Path) -> None:
+    """Two steps with one trainer process, then the same run given a third step and two ranks: it
+    resumes from the one-process checkpoint and goes on publishing deltas (each rank's parent is
+    loaded from the store)."""
+    train(_cfg(tmp_path, "trainer.steps=2"))
+    summary = train(_cfg(tmp_path, "trainer.steps=3", "trainer.world_size=2"))
+    assert summary["trainer"]["world_size"] == 2
+    store = LocalStore(tmp_path / "store" / "tiny")
+    assert latest_version(store) == 3 and read_manifest(store, 3).kind == "delta"
+    steps = [r["step"] for r in read_metrics(tmp_path / "tiny/metrics.jsonl") if r.get("kind") == "train"]
+    assert steps == [1, 2, 3]
+    load_version(store, 3)  # the sharded delta applies to the one-process version 2 and verifies
 
 
 def test_midtrain_at_world_2_matches_world_1(tmp_path: Path) -> None:
