@@ -68,7 +68,9 @@ def run_trainer(
     }
     publisher = _publisher(cfg, store, with_feed=ranks.leader)
     lead = _Leader(cfg, store, run_dir, identity.run_id, state, publisher) if ranks.leader else None
-    _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)
+    _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)  # a kill after the checkpoint
+    if lead:
+        _relog_checkpointed_step(lead.logger, state, store)  # after the re-publish: it reads the manifest
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
@@ -130,7 +132,6 @@ class _Leader:
         self.publisher = publisher
         self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]))
         self.logger = MetricsLogger(run_dir)
-        _relog_checkpointed_step(self.logger, state, store)
 
     def take(self, cfg: ShipyardConfig, step: int) -> Taken:
         t = cfg.trainer
