@@ -55,7 +55,9 @@ def policy():
 
 
 def _prompt(tok, text: str) -> list[int]:
-    chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return tok(chat, add_special_tokens=False)["input_ids"]
 
 
