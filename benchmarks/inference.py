@@ -79,9 +79,10 @@ def chat_prompts(tok: Any, batch: int) -> list[list[int]]:
 
 
 def run_engine(
-    engine: EmbeddedEngine, prompts: list[list[int]], params: SamplingParams, seed: int
+    engine: Any, prompts: list[list[int]], params: SamplingParams, seed: int
 ) -> tuple[int, float, int]:
-    """(generated tokens, wall seconds, rows ended by EOS) of one engine batch."""
+    """(generated tokens, wall seconds, rows ended by EOS) of one batch through ``engine.generate``
+    (the embedded engine, or the vLLM client, which sends the requests at once)."""
     reqs = [
         GenerateRequest(p, SamplingParams(params.temperature, params.top_p, params.max_tokens, [], seed + i))
         for i, p in enumerate(prompts)
@@ -122,20 +123,6 @@ def run_hf(
         tokens += cut if cut is not None else len(row)
         ended += cut is not None
     return tokens, wall, ended
-
-
-def run_vllm(
-    client: Any, prompts: list[list[int]], params: SamplingParams, seed: int
-) -> tuple[int, float, int]:
-    """(generated tokens, wall seconds, rows ended by EOS) of the prompts sent at once to vLLM."""
-    reqs = [
-        GenerateRequest(p, SamplingParams(params.temperature, params.top_p, params.max_tokens, [], seed + i))
-        for i, p in enumerate(prompts)
-    ]
-    t0 = time.perf_counter()
-    results = client.generate(reqs)
-    wall = time.perf_counter() - t0
-    return sum(len(r.token_ids) for r in results), wall, sum(r.finish_reason == "eos" for r in results)
 
 
 def start_vllm(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
@@ -209,13 +196,13 @@ def measure_three(args: argparse.Namespace, threads: int) -> dict[str, list[tupl
     warm = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=4)
     proc, client = start_vllm(args, threads)
     try:
-        for run, system in ((run_engine, engine), (run_vllm, client)):
-            run(system, prompts, warm, 0)
+        for system in (engine, client):
+            run_engine(system, prompts, warm, 0)
         run_hf(model, prompts, warm, eos, pad, 0)
         rounds: dict[str, list[tuple[int, float, int]]] = {"engine": [], "vllm": [], "hf": []}
         for r in range(args.repeats):  # one round of each system after another, so drift hits all three
             rounds["engine"].append(run_engine(engine, prompts, params, 1000 * r))
-            rounds["vllm"].append(run_vllm(client, prompts, params, 1000 * r))
+            rounds["vllm"].append(run_engine(client, prompts, params, 1000 * r))
             rounds["hf"].append(run_hf(model, prompts, params, eos, pad, 1000 * r))
     finally:
         client.close()
