@@ -3,7 +3,9 @@
 Contract: every field has a docstring; unknown fields are errors (``extra="forbid"``) so a typo
 fails before any work starts, naming the dotted field. Validators only validate; values that are
 derived from others are computed in :func:`shipyard.config.load.derive`, the one explicit place.
-This module imports without torch.
+This module imports without torch. It is long on purpose: every section of a run's config in one
+file is the one reference a user reads (the TOML files and `--dry-run` follow its order); each
+section is a small class, and splitting them would scatter that reference without simplifying any.
 
 Example::
 

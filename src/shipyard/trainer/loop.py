@@ -45,7 +45,10 @@ from shipyard.weights.snapshot import WeightPublisher, named_params, read_manife
 def run_trainer(
     cfg: ShipyardConfig, store: Store, run_dir: Path, ranks: Ranks = ONE_PROCESS
 ) -> dict[str, Any]:
-    """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads."""
+    """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads.
+
+    Longer than 60 lines on purpose: it is the training loop, kept in one piece so it reads top to
+    bottom (set-up, resume, then one step: take, advantages, train, checkpoint, publish, log)."""
     from shipyard.trainer.advantages import batch_advantages
     from shipyard.trainer.checkpoint import load_latest_checkpoint, save_checkpoint
     from shipyard.trainer.step import train_step
