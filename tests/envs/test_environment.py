@@ -28,7 +28,7 @@ from shipyard.envs.tasks.db import APPLY, MIGRATION_FILE, db_tasks
 from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.node import InferenceNode
+from shipyard.inference.embedded import EmbeddedNode
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
@@ -155,7 +155,7 @@ def test_judge_self_is_the_workers_own_server(tmp_path: Path) -> None:
         ],
     )
     store = stamp_new_run(LocalStore(tmp_path), "tiny")
-    node = InferenceNode(cfg, store)
+    node = EmbeddedNode(cfg, store)
     try:
         worker = build_worker(cfg, "w0", node.url, store)
         assert worker.env.judge is not None and worker.env.judge.url == f"{node.url}/v1/chat/completions"
@@ -188,7 +188,7 @@ def test_worker_mixes_canaries_and_the_trainer_logs_hack_metrics(tmp_path: Path)
         ],
     )
     store = stamp_new_run(LocalStore(tmp_path), "tiny")
-    node = InferenceNode(cfg, store)
+    node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [ADD])
@@ -222,7 +222,7 @@ def test_worker_plays_db_tasks_on_per_rollout_clones(tmp_path: Path) -> None:
         [f'store.root="{tmp_path}"', "trainer.groups_per_step=1", "rollout.group_size=2", "tasks.num_db=1"],
     )
     store = stamp_new_run(LocalStore(tmp_path), "tiny")
-    node = InferenceNode(cfg, store)
+    node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [])

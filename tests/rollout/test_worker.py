@@ -9,7 +9,7 @@ from shipyard.agent.spec import session_spec
 from shipyard.config import load_config
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.node import InferenceNode
+from shipyard.inference.embedded import EmbeddedNode
 from shipyard.rollout.types import RolloutBatch
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
@@ -33,7 +33,7 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
         [f'store.root="{tmp_path}"', "trainer.groups_per_step=2", "rollout.group_size=2"],
     )
     store = stamp_new_run(LocalStore(tmp_path), "tiny")
-    node = InferenceNode(cfg, store)
+    node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [BROKEN, GOOD])
@@ -74,7 +74,7 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
         ],
     )
     store = stamp_new_run(LocalStore(tmp_path), "tiny")
-    node = InferenceNode(cfg, store)
+    node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
@@ -105,5 +105,5 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
     }
 
 
-def _params(node: InferenceNode) -> dict:
+def _params(node: EmbeddedNode) -> dict:
     return {n: p.detach().clone() for n, p in node.engine.model.named_parameters()}

@@ -68,7 +68,39 @@ class SamplingConfig(_Section):
     the close of its first code block instead of paying for the prose after it."""
 
 
+class VllmConfig(_Section):
+    """The vLLM backend (`inference.type = "vllm"`, docs/serving.md): a vLLM server in its own
+    environment, reached over HTTP, adopting Shipyard's weight versions through a worker extension."""
+
+    python: str = ".venv-vllm/bin/python"
+    """Interpreter of the environment vLLM is installed in (`make vllm` builds `.venv-vllm`)."""
+    url: str | None = None
+    """Attach to this running vLLM server instead of starting one. It must have been started as
+    Shipyard starts it: `VLLM_SERVER_DEV_MODE=1`, Shipyard's `src` on `PYTHONPATH`, and
+    `--enable-scale-out --logprobs-mode processed_logprobs --worker-extension-cls
+    shipyard.inference.vllm_worker.ShipyardWorkerExtension`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """vLLM's `--dtype` (fp32 keeps the sampler's logprobs closest to the trainer's)."""
+    max_model_len: int = Field(4096, ge=64)
+    """vLLM's `--max-model-len`: the longest prompt + completion it accepts."""
+    kv_cache_gb: int = Field(2, ge=1)
+    """KV cache memory on a CPU build (`VLLM_CPU_KVCACHE_SPACE`)."""
+    start_timeout_s: float = Field(900.0, gt=0)
+    """How long vLLM may take to load and warm up before the run gives up (log tail in the error)."""
+    apply_poll_s: float = Field(0.05, gt=0)
+    """How often the adopter asks vLLM's worker whether a new version is staged and ready to apply."""
+    extra_args: list[str] = []
+    """More `vllm serve` arguments, e.g. `["--enable-prefix-caching"]`."""
+    env: dict[str, str] = {}
+    """More environment variables for the vLLM process (e.g. `VLLM_CPU_OMP_THREADS_BIND`)."""
+
+
 class InferenceConfig(_Section):
+    type: Literal["embedded", "vllm"] = "embedded"
+    """Inference backend: Shipyard's embedded engine, or a vLLM server (`inference.vllm`). Rollouts,
+    evaluation and weight adoption work the same on both."""
+    vllm: VllmConfig = VllmConfig()
+    """The vLLM backend's settings (`type = "vllm"`)."""
     num_servers: int = Field(1, ge=1)
     """Inference servers started by `shipyard train` (each a Ray actor with its own engine)."""
     max_batch: int = Field(16, ge=1)
@@ -815,5 +847,10 @@ class ShipyardConfig(_Section):
         if self.trainer.fsdp.cpu_offload and self.trainer.device != "cuda":
             raise ValueError(
                 "trainer.fsdp.cpu_offload = true needs trainer.device = 'cuda'; on a CPU it has no effect"
+            )
+        if self.inference.type == "vllm" and self.inference.vllm.url and self.inference.num_servers > 1:
+            raise ValueError(
+                f"inference.vllm.url attaches to one server but inference.num_servers={self.inference.num_servers}; "
+                "set num_servers = 1, or leave url unset so the run starts its own servers"
             )
         return self

@@ -1,6 +1,7 @@
 """`shipyard serve`: one inference server that follows the newest weights in the store.
 
-Contract: loads the configured model as version 0, serves it over HTTP on
+Contract: starts the ``inference.type`` backend's server (:func:`shipyard.inference.base.start_node`);
+the embedded one loads the configured model as version 0, serves it over HTTP on
 ``inference.host:inference.port`` (token-in/token-out ``/generate``, OpenAI-compatible
 ``/v1/chat/completions``, ``/health``, ``/version``) and adopts each new version that the run
 ``run.name`` publishes (its ``weights/`` in the store, :func:`shipyard.store.run.open_run`: a name
@@ -18,15 +19,17 @@ from shipyard.config.schema import ShipyardConfig
 
 
 def serve(cfg: ShipyardConfig) -> None:
-    from shipyard.inference.node import InferenceNode
+    from shipyard.inference.base import start_node
     from shipyard.store.run import open_run
 
     store = open_run(cfg.store, cfg.run.name)  # follows the run named run.name, and only it
-    node = InferenceNode(cfg, store, port=cfg.inference.port)
+    node = start_node(cfg, store, port=cfg.inference.port)
+    engine = getattr(node, "engine", None)
+    how = engine.precision["reason"] if engine is not None else f"vLLM, {cfg.inference.vllm.dtype}"
     console = Console()
     console.print(
         f"serving {cfg.model.source} at {node.url}  (weights of {store.identity.describe()} from {store.where}; "
-        f"{node.engine.precision['reason']}; Ctrl-C stops)",
+        f"{how}; Ctrl-C stops)",
         soft_wrap=True,
     )
     try:

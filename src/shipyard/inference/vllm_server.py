@@ -1,44 +1,51 @@
-"""A vLLM server process, and a token-in / token-out client for it: the first half of the vLLM backend.
+"""A vLLM server process, and a token-in / token-out client for it.
 
 vLLM pins another ``transformers`` than Shipyard, so it lives in its own environment (``make vllm``
 builds ``.venv-vllm``) and is reached over HTTP on loopback; nothing here imports it.
 
 Contract:
 - :class:`VllmProcess` owns one ``python -m vllm.entrypoints.openai.api_server`` process: the argv
-  it builds (model directory, served name, dtype, context length, loopback host and port, any
-  extra arguments), its log file, :meth:`~VllmProcess.start` then :meth:`~VllmProcess.wait_ready`
-  (polls ``/health``; a process that exits or a deadline that passes raises with the log's tail),
-  and :meth:`~VllmProcess.stop` (SIGTERM to its process session, SIGKILL after ``grace_s``). It
-  runs with ``VLLM_SERVER_DEV_MODE=1`` (the pause, resume and collective-RPC routes weight updates
-  will use).
-- :class:`VllmClient` implements :class:`~shipyard.inference.types.InferenceClient` against any
-  vLLM server (owned or given by URL). ``generate`` sends each request to ``/v1/completions`` with
-  the prompt as token ids, concurrently (vLLM batches them), and returns the sampled token ids
-  (``return_tokens_as_token_ids``), the sampler's logprob of each, and the finish reason: ``eos``
-  (vLLM stopped on an end token), ``stop`` (a stop string; the tokens that made it are kept, so the
-  record is token-exact), ``length``. Seeds, temperature, top-p, stop strings and ``max_tokens``
-  are passed through; ``top_logprobs`` as vLLM's ``logprobs``.
-Limits (what the rest of the backend adds): the weight version of every token is the version this
-client was told the server holds (``version``, 0 until weight adoption through vLLM's worker
-extension lands); no MoE routes; penalties and logit bias are refused rather than ignored.
+  it builds (model directory, served name, dtype, context length, loopback host and port, vLLM's
+  token-in / token-out route (``--enable-scale-out``), logprobs of the distribution sampled from
+  (``--logprobs-mode processed_logprobs``), Shipyard's worker extension
+  (:mod:`shipyard.inference.vllm_worker`, Shipyard's sources put on ``PYTHONPATH``), any extra
+  arguments), its log file, :meth:`~VllmProcess.start` then :meth:`~VllmProcess.wait_ready` (polls
+  ``/health``; a process that exits or a deadline that passes raises with the log's tail), and
+  :meth:`~VllmProcess.stop` (SIGTERM to its process session, SIGKILL after ``grace_s``). It runs with
+  ``VLLM_SERVER_DEV_MODE=1`` (the pause, resume, weight-version and collective-RPC routes).
+- :class:`VllmClient` implements :class:`~shipyard.inference.types.InferenceClient` against any vLLM
+  server started that way (owned or given by URL). ``generate`` posts prompt token ids to
+  ``/inference/v1/generate`` and returns the sampled token ids, the sampler's logprob of each, the
+  weight version of each token (vLLM's ``weight_versions`` spans, labelled by the backend's
+  adopter), and the finish reason: ``eos``, ``stop`` (a stop string; the tokens that made it are
+  kept, so the record is token-exact), ``length``. Seeds, temperature, top-p, stop strings,
+  ``max_tokens`` and ``top_logprobs`` are passed through; identical unseeded requests of one call
+  become one request with ``n``; the rest go concurrently (vLLM batches them).
+Limits: no MoE routes yet (vLLM returns them with ``--enable-return-routed-experts``; see
+docs/serving.md); penalties and logit bias are refused rather than ignored.
 
 Shape legend: no tensors here (token ids travel as lists).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from shipyard.inference.types import GenerateRequest, GenerateResult
+
+WORKER_EXTENSION = "shipyard.inference.vllm_worker.ShipyardWorkerExtension"
+"""Shipyard's weight adoption inside vLLM's worker (:mod:`shipyard.inference.vllm_worker`)."""
 
 
 def _free_port(host: str) -> int:
@@ -85,9 +92,16 @@ class VllmProcess:
             self.host,
             "--port",
             str(self.port),
+            "--enable-scale-out",  # the token-in / token-out route
+            "--logprobs-mode",
+            "processed_logprobs",  # the logprob of the distribution sampled from (after temperature)
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
             *(extra_args or []),
         ]
-        self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+        src = str(Path(__file__).resolve().parents[2])  # Shipyard's sources, for the worker extension
+        path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+        self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -145,32 +159,54 @@ class VllmProcess:
 
 
 class VllmClient:
-    """InferenceClient over a vLLM server's completions route, token ids in and out; thread-safe."""
+    """InferenceClient over vLLM's token-in / token-out route; thread-safe (module doc)."""
 
     def __init__(self, url: str, served_name: str, concurrency: int = 32, timeout_s: float = 600.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"vLLM url={url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
         self.served_name = served_name
-        self.served_version = 0
-        """The weight version the server holds (set by whoever updates its weights)."""
-        self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._http = httpx.Client(
+            base_url=self.url,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=concurrency + 4),
+        )
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="vllm-client")
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """Sample every request (sent concurrently; vLLM batches them); results in request order."""
-        return list(self._pool.map(self._one, requests))
+        """Sample every request; identical unseeded requests go as one request with ``n`` (vLLM
+        shares their prompt); the rest concurrently (vLLM batches them). Results in request order."""
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            key = json.dumps([r.prompt_ids, asdict(r.params)]) if r.params.seed is None else f"#{i}"
+            groups.setdefault(key, []).append(i)
+        out: list[GenerateResult | None] = [None] * len(requests)
+        batches = list(groups.values())
+        jobs = [(requests[b[0]], len(b)) for b in batches]
+        for idx, results in zip(batches, self._pool.map(self._send, jobs), strict=True):
+            for i, res in zip(idx, results, strict=True):
+                out[i] = res
+        assert all(r is not None for r in out)
+        return out  # type: ignore[return-value]
 
     def version(self) -> int:
-        return self.served_version
+        """The weight version the server labels new tokens with (``/weight_info``; 0 before any)."""
+        resp = self._http.get("/weight_info")
+        resp.raise_for_status()
+        label = resp.json()["weight_version"]
+        return int(label) if label.isdigit() else 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.version(), "precision": {"engine": "vllm", "url": self.url}}
 
     def wait_ready(self, timeout_s: float = 60.0) -> int:
         end = time.monotonic() + timeout_s
         while True:
             try:
                 if self._http.get("/health").status_code == 200:
-                    return self.served_version
+                    return self.version()
             except httpx.HTTPError:
-                if time.monotonic() > end:
-                    raise
+                pass
             if time.monotonic() > end:
                 raise TimeoutError(f"vLLM at {self.url} not healthy within {timeout_s} s")
             time.sleep(0.5)
@@ -179,56 +215,80 @@ class VllmClient:
         self._pool.shutdown()
         self._http.close()
 
-    def _one(self, request: GenerateRequest) -> GenerateResult:
-        resp = self._http.post("/v1/completions", json=completion_body(request, self.served_name))
+    def __enter__(self) -> VllmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, job: tuple[GenerateRequest, int]) -> list[GenerateResult]:
+        request, n = job
+        resp = self._http.post(GENERATE_ROUTE, json=generate_body(request, self.served_name, n))
         if resp.status_code >= 400:
             raise ValueError(f"vLLM refused the request ({resp.status_code}): {resp.text[:500]}")
-        return parse_choice(resp.json()["choices"][0], request, self.served_version)
+        choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
+        assert len(choices) == n, f"vLLM answered {len(choices)} choices for n={n}"
+        return [parse_choice(c, request) for c in choices]
 
 
-def completion_body(request: GenerateRequest, served_name: str) -> dict[str, Any]:
-    """The ``/v1/completions`` body of ``request``: token ids in, token ids and logprobs out."""
+GENERATE_ROUTE = "/inference/v1/generate"
+"""vLLM's token-in / token-out route (``--enable-scale-out``)."""
+
+
+def generate_body(request: GenerateRequest, served_name: str, n: int = 1) -> dict[str, Any]:
+    """The body of ``GENERATE_ROUTE`` for ``request``: token ids in; token ids, the sampler's logprobs
+    and weight-version spans out."""
     p = request.params
     if p.presence_penalty or p.frequency_penalty or p.logit_bias:
         raise ValueError("the vLLM client does not forward presence/frequency penalties or logit_bias yet")
-    body: dict[str, Any] = {
-        "model": served_name,
-        "prompt": list(request.prompt_ids),
+    sampling: dict[str, Any] = {
+        "n": n,
         "max_tokens": p.max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
         "logprobs": p.top_logprobs,  # vLLM: the sampled token's logprob plus this many alternatives
-        "return_tokens_as_token_ids": True,
         "include_stop_str_in_output": True,  # keep every sampled token: the record is token-exact
         "skip_special_tokens": False,
     }
     if p.stop:
-        body["stop"] = list(p.stop)
+        sampling["stop"] = list(p.stop)
     if p.seed is not None:
-        body["seed"] = p.seed
-    return body
+        sampling["seed"] = p.seed
+    return {"model": served_name, "token_ids": list(request.prompt_ids), "sampling_params": sampling}
 
 
-def _token_id(token: str) -> int:
-    """vLLM writes token ``i`` as ``"token_id:i"`` under ``return_tokens_as_token_ids``."""
-    return int(token.rsplit(":", 1)[1])
+def versions_of(spans: list[dict[str, Any]] | None, n_tokens: int) -> list[int]:
+    """Per-token weight versions from vLLM's ``weight_versions`` spans (labels Shipyard set with
+    ``/update_weight_version``; vLLM's unlabelled ``"default"`` is version 0)."""
+    versions = [0] * n_tokens
+    for span in spans or []:
+        label = str(span["version"])
+        v = int(label) if label.isdigit() else 0
+        versions[span["start"] : span["end"]] = [v] * (span["end"] - span["start"])
+    return versions
 
 
-def parse_choice(choice: dict[str, Any], request: GenerateRequest, version: int) -> GenerateResult:
-    """A completion choice as a :class:`GenerateResult` (finish: eos, stop or length)."""
-    lp = choice["logprobs"]
-    ids = [_token_id(t) for t in lp["tokens"]]
-    logprobs = [float(x) for x in lp["token_logprobs"]]
+def parse_choice(choice: dict[str, Any], request: GenerateRequest) -> GenerateResult:
+    """A generate-route choice as a :class:`GenerateResult` (finish: eos, stop or length)."""
+    ids = [int(t) for t in choice["token_ids"]]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if len(content) != len(ids):
+        raise ValueError(f"vLLM returned {len(content)} logprobs for {len(ids)} tokens")
+    logprobs = [float(c["logprob"]) for c in content]
     if choice["finish_reason"] == "length":
         finish = "length"
     else:
         finish = "stop" if isinstance(choice.get("stop_reason"), str) else "eos"
     top = None
     if request.params.top_logprobs:
+        # vLLM lists the sampled token first, then the candidates by rank: dedupe, rank, keep k
         top = [
-            sorted(((_token_id(t), float(v)) for t, v in alts.items()), key=lambda tv: -tv[1])[
-                : request.params.top_logprobs
-            ]
-            for alts in lp["top_logprobs"]
+            sorted(
+                {int(a["token_id"]): float(a["logprob"]) for a in c["top_logprobs"]}.items(),
+                key=lambda t: -t[1],
+            )[: request.params.top_logprobs]
+            for c in content
         ]
-    return GenerateResult(ids, logprobs, [version] * len(ids), finish, top_logprobs=top)
+    return GenerateResult(
+        ids, logprobs, versions_of(choice.get("weight_versions"), len(ids)), finish, top_logprobs=top
+    )

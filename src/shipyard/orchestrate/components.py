@@ -3,7 +3,7 @@
 Contract: :func:`build_worker` builds a :class:`~shipyard.rollout.worker.RolloutWorker` whether it
 runs as a thread of one process (``run.placement = "local"``) or inside a Ray actor (``"ray"``), so
 placement changes where things run, never what runs. The other components are built by their own
-packages: :class:`shipyard.inference.node.InferenceNode`, :func:`shipyard.agent.spec.session_spec`,
+packages: :func:`shipyard.inference.base.start_node`, :func:`shipyard.agent.spec.session_spec`,
 :func:`shipyard.envs.tasks.splits.task_splits`.
 """
 
@@ -27,10 +27,10 @@ def with_judge_server(cfg: ShipyardConfig, url: str) -> ShipyardConfig:
 
 
 def build_worker(cfg: ShipyardConfig, worker_id: str, url: str, store: Store) -> RolloutWorker:
-    from shipyard.inference.client import HttpInferenceClient
+    from shipyard.inference.base import open_client
     from shipyard.models.loading import load_tokenizer
 
-    client = HttpInferenceClient(url)
+    client = open_client(cfg, url)
     train, _ = task_splits(cfg)
     cfg = with_judge_server(cfg, url)
     return RolloutWorker(worker_id, cfg, store, session_spec(cfg, client, load_tokenizer(cfg.model)), train)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
-from shipyard.inference.node import InferenceNode
+from shipyard.inference.base import InferenceNode, start_node
 from shipyard.orchestrate.components import build_worker
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.run import open_run
@@ -32,7 +32,7 @@ class LocalPlacement:
         self._error: BaseException | None = None
 
     def start_inference(self) -> list[str]:
-        self.nodes = [InferenceNode(self.cfg, self.store) for _ in range(self.cfg.inference.num_servers)]
+        self.nodes = [start_node(self.cfg, self.store) for _ in range(self.cfg.inference.num_servers)]
         return [n.url for n in self.nodes]
 
     def start_training(self) -> None:

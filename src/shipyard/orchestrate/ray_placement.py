@@ -19,10 +19,10 @@ from shipyard.config.schema import ShipyardConfig
 
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig) -> None:
-        from shipyard.inference.node import InferenceNode
+        from shipyard.inference.base import start_node
         from shipyard.store.run import open_run
 
-        self.node = InferenceNode(cfg, open_run(cfg.store, cfg.run.name))
+        self.node = start_node(cfg, open_run(cfg.store, cfg.run.name))
 
     def url(self) -> str:
         return self.node.url

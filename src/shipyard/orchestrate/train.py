@@ -43,7 +43,7 @@ console = Console()
 
 
 def train(cfg: ShipyardConfig) -> dict[str, Any]:
-    from shipyard.inference.client import HttpInferenceClient
+    from shipyard.inference.base import open_client
     from shipyard.models.loading import load_tokenizer
 
     t0 = time.time()
@@ -56,7 +56,7 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
     placement = make_placement(cfg, run_dir)
     try:
         urls = placement.start_inference()
-        client = HttpInferenceClient(urls[0])
+        client = open_client(cfg, urls[0])
         spec = session_spec(cfg, client, tokenizer)
         heldout = task_splits(cfg)[1][: cfg.eval.heldout_n]
         before = (

@@ -1,4 +1,5 @@
-"""One inference server of a run: the embedded engine, its HTTP server and its weight subscriber.
+"""The embedded backend: one inference server of a run, the embedded engine, its HTTP server and its
+weight subscriber (`inference.type = "embedded"`, chosen by :mod:`shipyard.inference.base`).
 
 Contract: loads the configured model as version 0 in ``inference.dtype`` (resolved for this
 process's device, :func:`shipyard.models.precision.engine_precision`), serves it on
@@ -14,7 +15,7 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.store.types import Store
 
 
-class InferenceNode:
+class EmbeddedNode:
     """One inference server: embedded engine + HTTP server + weight subscriber."""
 
     def __init__(self, cfg: ShipyardConfig, store: Store, port: int = 0) -> None:

@@ -1,0 +1,64 @@
+"""Inference backends: what every backend's server node offers, and the switch that picks one.
+
+Contract: a backend runs one inference server of a run that follows the run's published weights
+(:class:`InferenceNode`: its ``url`` and ``stop``); :func:`start_node` starts the one
+``inference.type`` names (``embedded``: :mod:`shipyard.inference.embedded`; ``vllm``:
+:mod:`shipyard.inference.vllm`), and :func:`open_client` gives the
+:class:`~shipyard.inference.types.InferenceClient` that talks to such a server. Everything above
+(rollout workers, agent sessions, evaluation, the driver) only uses these two functions, so it runs
+unchanged on either backend.
+
+Example::
+
+    node = start_node(cfg, store)
+    client = open_client(cfg, node.url)
+    [res] = client.generate([GenerateRequest(prompt_ids=ids)])
+    node.stop()
+
+Limits: SGLang is not a backend (docs/serving.md says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from shipyard.config.schema import ShipyardConfig
+from shipyard.store.types import Store
+
+
+class InferenceNode(Protocol):
+    """One inference server of a run, following the run's weights."""
+
+    @property
+    def url(self) -> str:
+        """Base URL its client talks to."""
+
+    def stop(self) -> None:
+        """Stop following weights, then stop serving."""
+
+
+def start_node(cfg: ShipyardConfig, store: Store, port: int = 0) -> InferenceNode:
+    """Start the ``inference.type`` backend's server on ``port`` (0: a free one)."""
+    if cfg.inference.type == "embedded":
+        from shipyard.inference.embedded import EmbeddedNode
+
+        return EmbeddedNode(cfg, store, port=port)
+    if cfg.inference.type == "vllm":
+        from shipyard.inference.vllm import VllmNode
+
+        return VllmNode(cfg, store, port=port)
+    raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")
+
+
+def open_client(cfg: ShipyardConfig, url: str) -> Any:
+    """The client of the ``inference.type`` backend's server at ``url`` (an InferenceClient with
+    ``version``, ``stats``, ``wait_ready`` and ``close``)."""
+    if cfg.inference.type == "embedded":
+        from shipyard.inference.client import HttpInferenceClient
+
+        return HttpInferenceClient(url)
+    if cfg.inference.type == "vllm":
+        from shipyard.inference.vllm_server import VllmClient
+
+        return VllmClient(url, cfg.inference.served_model_name or "policy")
+    raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")
