@@ -94,7 +94,10 @@ def test_vllm_adopts_deltas_and_serves_the_trainers_weights(tmp_path: Path) -> N
         _wait(node, 3)
         t.join(timeout=600)
         versions = got["r"].versions
-        assert versions == sorted(versions) and versions[0] == 2 and versions[-1] == 3, (len(versions), node.applies)
+        assert versions == sorted(versions) and versions[0] == 2 and versions[-1] == 3, (
+            len(versions),
+            node.applies,
+        )
         assert len(got["r"].token_ids) == len(versions) == len(got["r"].logprobs)
 
         state = node.final_state()
