@@ -103,9 +103,13 @@ def check(name: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    args = harness.parser(__doc__).parse_args()
+    ap = harness.parser(__doc__)
+    ap.add_argument(
+        "--set", nargs="*", default=[], help="more config overrides, e.g. inference.vllm.python=PATH"
+    )
+    args = ap.parse_args()
     name = "bench-vllm-quick" if args.quick else "bench-vllm"
-    overrides = QUICK if args.quick else []
+    overrides = (QUICK if args.quick else []) + args.set
     log = ROOT / "runs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["rm", "-rf", str(ROOT / "runs" / name), str(ROOT / "runs" / "store" / name)], check=True)
