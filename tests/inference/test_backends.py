@@ -16,7 +16,7 @@ from shipyard.config.schema import ModelConfig, ShipyardConfig
 from shipyard.inference.base import open_client
 from shipyard.inference.client import HttpInferenceClient
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.inference.vllm import vllm_model_dir
+from shipyard.inference.vllm import moe_layout, routes_wanted, vllm_model_dir
 from shipyard.inference.vllm_server import VllmClient, generate_body, parse_choice, versions_of
 from shipyard.inference.vllm_worker import MirrorSink, _checkpoint_parts, readable_match, reload_set
 from shipyard.models.loading import build_tiny
@@ -68,10 +68,6 @@ def test_the_backend_switch_and_its_config_errors() -> None:
         ShipyardConfig.model_validate(
             {"inference": {"type": "vllm", "num_servers": 2, "vllm": {"url": "http://127.0.0.1:8000"}}}
         )
-    with pytest.raises(ValueError, match=r"model.init_from='/x' with inference.type='vllm'"):
-        vllm_model_dir(ModelConfig(init_from="/x"))
-    with pytest.raises(ValueError, match=r"model.source='tiny' with inference.type='vllm'"):
-        vllm_model_dir(ModelConfig(source="tiny"))
 
 
 def test_request_and_response_mapping() -> None:
@@ -146,3 +142,41 @@ def test_reload_set_takes_whole_layers() -> None:
     mirror = {n: torch.zeros(1) for n in ["model.embed_tokens.weight", *names, "model.norm.weight"]}
     assert reload_set({"model.layers.1.mlp.up_proj.weight": 0}, mirror) == names[2:]
     assert reload_set({"model.norm.weight": 0}, mirror) == ["model.norm.weight"]
+
+
+def test_policies_shipyard_builds_are_exported_once_for_vllm(tmp_path: Path) -> None:
+    """vLLM loads a directory: a tiny MoE (or an upcycled or mid-trained policy) is saved once, with the
+    layout of its MoE layers read back from its config."""
+    cfg = ModelConfig(source="tiny", tiny="moe", cache_dir=str(tmp_path))
+    first = vllm_model_dir(cfg)
+    assert (first / "model.safetensors").is_file() and (first / "tokenizer.json").is_file()
+    assert vllm_model_dir(cfg) == first and vllm_model_dir(cfg.model_copy(update={"seed": 1})) != first
+    assert moe_layout(first) == ([0, 1], 8)
+    mixtral = vllm_model_dir(cfg.model_copy(update={"tiny": "mixtral"}))
+    deepseek = vllm_model_dir(cfg.model_copy(update={"tiny": "deepseek_v3"}))
+    assert moe_layout(mixtral) == ([0, 1], 8) and moe_layout(deepseek) == ([1, 2], 8)
+    assert moe_layout(vllm_model_dir(cfg.model_copy(update={"tiny": "dense"}))) is None
+
+
+def test_routes_of_an_moe_choice() -> None:
+    """vLLM's documented routed_experts: base64 `.npy` of [prompt + generated - 1, MoE layers, k]."""
+    import base64
+    import io
+
+    import numpy as np
+
+    from shipyard.models.routes import decode_routes
+
+    ids_NLK = np.array([[[0, 3], [1, 2]], [[3, 1], [0, 2]], [[2, 0], [1, 3]]], dtype=np.int32)
+    buf = io.BytesIO()
+    np.save(buf, ids_NLK)
+    choice = {**CHOICE, "routed_experts": base64.b64encode(buf.getvalue()).decode()}
+    req = GenerateRequest([5], SamplingParams(max_tokens=3))
+    res = parse_choice(choice, req, moe=([1, 3], 4))
+    assert res.routes is not None and res.routes["layers"] == [1, 3] and res.routes["experts"] == 4
+    assert (decode_routes(res.routes) == ids_NLK).all() and parse_choice(CHOICE, req).routes is None
+    with pytest.raises(ValueError, match="--enable-return-routed-experts"):
+        parse_choice(CHOICE, req, moe=([1, 3], 4))
+    cfg = ShipyardConfig.model_validate({"inference": {"type": "vllm", "vllm": {"return_routes": True}}})
+    with pytest.raises(ValueError, match="return_routes = true, but the policy has no MoE layers"):
+        routes_wanted(cfg)

@@ -16,8 +16,11 @@ import torch
 from shipyard.config.schema import ShipyardConfig
 from shipyard.inference.base import open_client, start_node
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.inference.vllm import PROBE_IDS, VllmNode
+from shipyard.inference.vllm import PROBE_IDS, VllmNode, moe_layout, vllm_model_dir
+from shipyard.inference.vllm_server import VllmProcess
 from shipyard.models.loading import load_model
+from shipyard.models.router_replay import RouterSeam, route_plan
+from shipyard.models.routes import decode_routes
 from shipyard.store.run import claim_run
 from shipyard.weights.publisher import WeightPublisher, named_params
 from shipyard.weights.versions import read_manifest
@@ -75,8 +78,25 @@ def test_vllm_adopts_deltas_and_serves_the_trainers_weights(tmp_path: Path) -> N
     before_1T = _probe_logprobs(trainer)
     pub = WeightPublisher(store, snapshot_every=10)
     pub.publish(0, named_params(trainer))
+    # a server the user started (the run attaches by inference.vllm.url); `make demo`-style runs own theirs
+    proc = VllmProcess(
+        VLLM_PYTHON,
+        vllm_model_dir(cfg.model),
+        tmp_path / "vllm.log",
+        served_name="policy",
+        max_model_len=1024,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    ).start()
+    proc.wait_ready(900)
+    cfg = cfg.model_copy(
+        update={
+            "inference": cfg.inference.model_copy(
+                update={"vllm": cfg.inference.vllm.model_copy(update={"url": proc.url})}
+            )
+        }
+    )
     node = start_node(cfg, store)
-    assert isinstance(node, VllmNode)
+    assert isinstance(node, VllmNode) and node.proc is None and node.url == proc.url
     client = open_client(cfg, node.url)
     try:
         for v in (1, 2):
@@ -114,4 +134,51 @@ def test_vllm_adopts_deltas_and_serves_the_trainers_weights(tmp_path: Path) -> N
     finally:
         client.close()
         node.stop()
+        proc.stop()
     assert store.exists(f"inference/{node.name}.json")
+
+
+def test_vllm_returns_the_moe_routes_it_used(tmp_path: Path) -> None:
+    """An MoE policy (SmolLM2 upcycled to 4 experts, exported for vLLM): every result carries the experts
+    vLLM routed each forwarded position to, and they are the trainer's own choices (fp32 both sides)."""
+    cfg = ShipyardConfig.model_validate(
+        {"model": {"upcycle_experts": 4}, "inference": {"type": "vllm", "vllm": {"python": str(VLLM_PYTHON)}}}
+    )
+    model_dir = vllm_model_dir(cfg.model)
+    layers, experts = moe_layout(model_dir)
+    proc = VllmProcess(
+        VLLM_PYTHON,
+        model_dir,
+        tmp_path / "vllm.log",
+        served_name="policy",
+        max_model_len=1024,
+        extra_args=["--enable-return-routed-experts"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    ).start()
+    try:
+        try:
+            proc.wait_ready(900)
+        except RuntimeError as e:
+            if "requires Triton" not in str(e) and "Model Runner V2" not in str(e):
+                raise
+            pytest.skip(
+                "the installed vLLM cannot return routed experts here: --enable-return-routed-experts needs "
+                "its Model Runner V2, which needs Triton with a CPU backend (triton-cpu, not on PyPI)"
+            )
+        client = open_client(cfg, proc.url)
+        model, tok = load_model(cfg.model)
+        prompt = tok("def fibonacci(n):", add_special_tokens=False)["input_ids"]
+        (r,) = client.generate(
+            [GenerateRequest(prompt, SamplingParams(temperature=1.0, max_tokens=24, seed=1))]
+        )
+        client.close()
+    finally:
+        proc.stop()
+    ids_NLK = decode_routes(r.routes)
+    assert ids_NLK.shape == (len(prompt) + len(r.token_ids) - 1, len(layers), 2) and experts == 4
+    seam = RouterSeam(model)
+    seq_1T = torch.tensor([prompt + r.token_ids])
+    plan_BTLK = route_plan([r.routes], seq_1T.shape[1], seam)
+    with torch.no_grad(), seam.plan(plan_BTLK, replay=False):
+        model(input_ids=seq_1T)
+    assert seam.disagreement()["route_own_disagree"] < 0.01, seam.disagreement()

