@@ -34,22 +34,11 @@ from typing import Any
 import numpy as np
 
 import harness
+from demo_seeds import run_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "demo_vllm.toml"
 QUICK = ["trainer.steps=2", "eval.heldout_n=8", "tasks.num_generated=60"]
-
-
-def run(name: str, overrides: list[str], log: Path) -> float:
-    cmd = [sys.executable, "-m", "shipyard.cli", "train", str(CONFIG), f"run.name={name}"]
-    cmd += [f'run.results_dir="{ROOT / "runs" / name}"', *overrides]
-    harness.console.print(f"[bold]{name}[/]: {' '.join(cmd[3:])}  (log: {log})")
-    t0 = time.time()
-    with open(log, "w") as f:
-        code = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if code != 0:
-        raise SystemExit(f"{name} failed with exit code {code}; see {log}")
-    return (time.time() - t0) / 60
 
 
 def probe_logprobs(state: dict[str, Any], ids: list[int]) -> list[float]:
@@ -113,7 +102,9 @@ def main() -> int:
     log = ROOT / "runs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["rm", "-rf", str(ROOT / "runs" / name), str(ROOT / "runs" / "store" / name)], check=True)
-    minutes = run(name, overrides, log)
+    t0 = time.time()
+    run_seed(CONFIG, name, 0, overrides, log)
+    minutes = (time.time() - t0) / 60
     figures = check(name)
     demo = json.loads((ROOT / "runs" / name / "demo.json").read_text())
     figures.update(
