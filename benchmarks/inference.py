@@ -171,7 +171,8 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[int, float, int]]]
     """Alternating rounds of the engine and ``generate`` on the same prompts: (tokens, wall s, EOS rows)."""
     torch.set_num_threads(args.threads)
     model, tok = load_model(ModelConfig(source=args.model, cache_dir=args.cache_dir))
-    engine = EmbeddedEngine(model, tok, max_batch=args.batch)
+    own, _ = load_model(ModelConfig(source=args.model, cache_dir=args.cache_dir))
+    engine = EmbeddedEngine(own, tok, max_batch=args.batch, packed=True)  # generate keeps PyTorch's linear
     eos, pad = sorted(engine.eos_ids), engine.pad_id
     prompts = chat_prompts(tok, args.batch)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
@@ -189,19 +190,27 @@ def measure_three(args: argparse.Namespace, threads: int) -> dict[str, list[tupl
     """The embedded engine, vLLM and ``generate`` at ``threads`` threads, interleaved round by round."""
     torch.set_num_threads(threads)
     model, tok = load_model(ModelConfig(source="smollm2", cache_dir=args.cache_dir))
-    engine = EmbeddedEngine(model, tok, max_batch=args.batch)
+    own, _ = load_model(ModelConfig(source="smollm2", cache_dir=args.cache_dir))
+    engine = EmbeddedEngine(own, tok, max_batch=args.batch, packed=True)  # as a run's servers have it
+    unpacked = EmbeddedEngine(model, tok, max_batch=args.batch)  # PyTorch's own linear (MKL)
     eos, pad = sorted(engine.eos_ids), engine.pad_id
     prompts = chat_prompts(tok, args.batch)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
     warm = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=4)
     proc, client = start_vllm(args, threads)
     try:
-        for system in (engine, client):
+        for system in (engine, unpacked, client):
             run_engine(system, prompts, warm, 0)
         run_hf(model, prompts, warm, eos, pad, 0)
-        rounds: dict[str, list[tuple[int, float, int]]] = {"engine": [], "vllm": [], "hf": []}
-        for r in range(args.repeats):  # one round of each system after another, so drift hits all three
+        rounds: dict[str, list[tuple[int, float, int]]] = {
+            "engine": [],
+            "engine_unpacked": [],
+            "vllm": [],
+            "hf": [],
+        }
+        for r in range(args.repeats):  # one round of each system after another, so drift hits all
             rounds["engine"].append(run_engine(engine, prompts, params, 1000 * r))
+            rounds["engine_unpacked"].append(run_engine(unpacked, prompts, params, 1000 * r))
             rounds["vllm"].append(run_engine(client, prompts, params, 1000 * r))
             rounds["hf"].append(run_hf(model, prompts, params, eos, pad, 1000 * r))
     finally:
@@ -230,6 +239,7 @@ def main_vllm(args: argparse.Namespace) -> None:
         )
         out["by_threads"][str(threads)] = {
             "embedded_tokens_per_s": tps["engine"],
+            "embedded_unpacked_tokens_per_s": tps["engine_unpacked"],
             "vllm_tokens_per_s": tps["vllm"],
             "hf_tokens_per_s": tps["hf"],
             "embedded_over_vllm": tps["engine"] / tps["vllm"],

@@ -37,6 +37,7 @@ class EmbeddedNode:
             version=0,
             deterministic=cfg.inference.deterministic,
             prefix_cache_mb=cfg.inference.prefix_cache_mb,
+            packed=cfg.inference.packed_linears,
         )
         self.engine.precision = precision
         inf = cfg.inference

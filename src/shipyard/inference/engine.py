@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from shipyard.inference.packed import can_pack, pack_linears
 from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.sampling import adjust_logits, sample_tokens, top_logprobs
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
@@ -257,10 +258,13 @@ class EmbeddedEngine:
         record_routes: bool | None = None,
         deterministic: bool = False,
         prefix_cache_mb: int = 0,
+        packed: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model.eval()
+        self.packed = pack_linears(model) if packed and can_pack(model) else None
+        """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.packed`), repacked after each apply."""
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.deterministic = deterministic
@@ -396,6 +400,8 @@ class EmbeddedEngine:
                         _write(target_P.data, idx_C, values)
                         elements += values.numel()
                         written.add(target_P.data_ptr())
+                if self.packed is not None:
+                    self.packed.refresh(written)
             self.version = version
             self._epoch += 1
             if self.prefix is not None:
