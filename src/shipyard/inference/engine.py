@@ -33,6 +33,9 @@ Contract:
   the number of elements it wrote to ``written_elements``.
   The KV cache of running rows is kept across a swap (in-flight update: tokens after the swap
   attend to keys/values computed with the older weights).
+- Packed linears (``packed=True``, CPU): the linear layers compute with oneDNN-packed copies of their
+  weights (:mod:`shipyard.inference.packed`); an apply repacks the layers whose weights it wrote,
+  inside the pause.
 - MoE routes (``record_routes``; on by default for a model with routers of
   :data:`~shipyard.models.router_replay.ROUTER_CLASSES`): every forward records, per MoE layer,
   the experts each token used (:class:`~shipyard.models.router_replay.RouterSeam`), and each result
