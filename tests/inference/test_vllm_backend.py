@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not VLLM_PYTHON.is_file(),
-        reason="vLLM backend tests need .venv-vllm (`make vllm`); CI does not build it (3.5 GB, minutes)",
+        reason="vLLM backend tests need .venv-vllm (`make vllm`; .ci/run builds it unless SHIPYARD_CI_VLLM=0)",
     ),
 ]
 

