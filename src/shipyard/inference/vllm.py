@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from shipyard.config.schema import ModelConfig, ShipyardConfig
-from shipyard.inference.vllm_server import VllmProcess
+from shipyard.inference.vllm_server import VllmProcess, label_version
 from shipyard.store.types import Store
 
 PROBE_IDS = [1, 9690, 42, 1113, 314, 253, 5248, 30, 476, 2, 1, 4093, 198, 20, 1073, 5134, 28, 614, 29]
@@ -216,8 +216,7 @@ class VllmNode:
         return done
 
     def version(self) -> int:
-        label = self._http.get("/weight_info").json()["weight_version"]
-        return int(label) if str(label).isdigit() else 0
+        return label_version(self._http.get("/weight_info").json()["weight_version"])
 
     def final_state(self) -> dict[str, Any]:
         """The worker's state and vLLM's logprobs of :data:`PROBE_IDS` (module doc, point 3)."""

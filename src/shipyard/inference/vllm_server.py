@@ -211,8 +211,7 @@ class VllmClient:
         """The weight version the server labels new tokens with (``/weight_info``; 0 before any)."""
         resp = self._http.get("/weight_info")
         resp.raise_for_status()
-        label = resp.json()["weight_version"]
-        return int(label) if label.isdigit() else 0
+        return label_version(resp.json()["weight_version"])
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version(), "precision": {"engine": "vllm", "url": self.url}}
@@ -275,13 +274,17 @@ def generate_body(request: GenerateRequest, served_name: str, n: int = 1) -> dic
     return {"model": served_name, "token_ids": list(request.prompt_ids), "sampling_params": sampling}
 
 
+def label_version(label: object) -> int:
+    """Shipyard's weight version from a vLLM weight-version label (vLLM's unlabelled ``"default"``: 0)."""
+    return int(label) if str(label).isdigit() else 0
+
+
 def versions_of(spans: list[dict[str, Any]] | None, n_tokens: int) -> list[int]:
     """Per-token weight versions from vLLM's ``weight_versions`` spans (labels Shipyard set with
     ``/update_weight_version``; vLLM's unlabelled ``"default"`` is version 0)."""
     versions = [0] * n_tokens
     for span in spans or []:
-        label = str(span["version"])
-        v = int(label) if label.isdigit() else 0
+        v = label_version(span["version"])
         versions[span["start"] : span["end"]] = [v] * (span["end"] - span["start"])
     return versions
 
