@@ -11,7 +11,7 @@ with a `--name` of their own); `--reuse` reads finished runs instead of running 
     python benchmarks/demo_seeds.py --quick               # the wiring, on the tiny model (~1 min)
 
 Writes `benchmarks/results/<name>.json`: `runs` (seed, before, after, diff, ci95_low, ci95_high,
-minutes, steps, heldout_n), `min_ci95_low` (target >= 0.05) and `max_minutes` (target <= 20).
+minutes, steps, heldout_n, samples_per_task), `min_ci95_low` (target >= 0.05) and `max_minutes` (target <= 20).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def read_run(name: str, seed: int) -> dict[str, float | int]:
         "minutes": demo["minutes"],
         "steps": demo["steps"],
         "heldout_n": demo["heldout_n"],
+        "samples_per_task": demo.get("samples_per_task", 1),
     }
 
 

@@ -681,6 +681,10 @@ class EvalConfig(_Section):
     """Held-out repo tasks of the `repo` suite: defects none of the `tasks.num_repo` trained tasks has."""
     temperature: float = Field(0.0, ge=0)
     """Sampling temperature for evaluation (0 = greedy pass@1)."""
+    samples_per_task: int = Field(1, ge=1, le=64)
+    """Sessions sampled per evaluated task (each with its own seeds); a task's pass@1 is the fraction
+    that passed. Above 1 (with `temperature` > 0) a paired before/after difference averages out
+    each task's sampling noise, at `samples_per_task` times the evaluation's cost."""
     version: int | None = None
     """Weight version in the store to evaluate (none = the configured base model)."""
     label: str = "base"

@@ -50,7 +50,8 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
         if not tasks:
             continue
         # env: services stop after each suite
-        with StepBar(f"{name} ({cfg.eval.label})", total=len(tasks), console=console) as bar, env:
+        k = cfg.eval.samples_per_task
+        with StepBar(f"{name} ({cfg.eval.label})", total=len(tasks) * k, console=console) as bar, env:
             res = evaluate(
                 spec,
                 tasks,
@@ -58,10 +59,12 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
                 cfg.rollout.concurrency,
                 bar.advance,
                 env=env if name in ENV_SUITES else None,
+                samples=k,
             )
         lo, hi = res.ci95()
         out[name] = {
             "n": res.n,
+            "samples_per_task": k,
             "pass1": res.pass_rate,
             "ci95": [lo, hi],
             "errors": res.errors,

@@ -1,8 +1,12 @@
 """Evaluate a policy on tasks with the same harness it is trained in.
 
-Contract: :func:`evaluate` plays one session per task (sampling from ``spec`` with the
-evaluation temperature; 0 = greedy, so pass@1) through any :class:`InferenceClient`, grades it
-in a fresh sandbox, and counts a task as passed only when every hidden test passed. Sessions
+Contract: :func:`evaluate` plays ``samples`` sessions per task (sampling from ``spec`` with the
+evaluation temperature; 0 = greedy, so pass@1; sample ``i`` of a task draws its own seeds) through
+any :class:`InferenceClient`, grades each in a fresh sandbox, and counts a session as passed only
+when every hidden test passed. A task's ``passed`` and ``rewards`` are the means over its samples,
+so pass@1 is estimated from ``samples`` draws per task (the unbiased pass@1 estimator of Chen et
+al. 2021 with k = 1): with ``samples > 1`` a paired before/after difference
+(:func:`shipyard.eval.stats.paired_diff_ci`) averages out the sampling noise of each task. Sessions
 run ``concurrency`` at a time so the server batches them. A crashed session counts as failed.
 A session that summarized itself is scored once (its reward is on every segment); its turns are
 summed over its segments, and the means of its summary metrics (``summaries``, ``summary_tokens``,
@@ -31,10 +35,14 @@ if TYPE_CHECKING:
 @dataclass
 class EvalResult:
     task_ids: list[str]
-    passed: list[int]
+    passed: list[float]
+    """Per task: the fraction of its ``samples`` sessions that passed (0 or 1 with one sample)."""
     rewards: list[float]
+    """Per task: the mean reward of its sessions."""
     errors: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    samples: int = 1
+    """Sessions played per task."""
 
     @property
     def n(self) -> int:
@@ -45,6 +53,8 @@ class EvalResult:
         return sum(self.passed) / max(self.n, 1)
 
     def ci95(self) -> tuple[float, float]:
+        """Wilson interval counting each task as one trial (its pass fraction as the outcome):
+        conservative when ``samples > 1``, since the samples of one task are not independent."""
         return wilson_ci(sum(self.passed), self.n)
 
 
@@ -55,8 +65,10 @@ def evaluate(
     concurrency: int = 8,
     on_done: Callable[[], None] | None = None,
     env: Environment | None = None,
+    samples: int = 1,
 ) -> EvalResult:
-    """Pass@1 of ``spec``'s policy on ``tasks``; ``on_done`` is called after each session.
+    """Pass@1 of ``spec``'s policy on ``tasks`` from ``samples`` sessions per task; ``on_done`` is
+    called after each session.
 
     With ``env`` every session runs through its hooks (:meth:`Environment.play`: db and repo tasks
     get their sandboxes, services and graders; anti-cheat flags are counted in ``extra["flagged"]``).
@@ -64,27 +76,38 @@ def evaluate(
     sampling = spec.sampling.model_copy(update={"temperature": temperature})
     spec = dataclasses.replace(spec, sampling=sampling)
 
-    def one(task: Task) -> Trajectory:
-        gid = f"eval/{task.id}"
-        segments = play(spec, task, gid, 0, env)
+    assert samples >= 1, samples  # eval.samples_per_task is validated by the config
+
+    def one(job: tuple[Task, int]) -> Trajectory:
+        task, idx = job
+        segments = play(spec, task, f"eval/{task.id}", idx, env)
         if on_done is not None:
             on_done()
         return dataclasses.replace(segments[-1], num_turns=sum(s.num_turns for s in segments))
 
+    # sample-major order: every task's first sample before any task's second (a bar's rate is honest)
+    jobs = [(task, idx) for idx in range(samples) for task in tasks]
     with ThreadPoolExecutor(concurrency, thread_name_prefix="eval") as pool:
-        trajs = list(pool.map(one, tasks))
+        trajs = list(pool.map(one, jobs))
+    per_task = [trajs[i :: len(tasks)] for i in range(len(tasks))]
     flagged = {"flagged": float(sum(bool(tr.flags) for tr in trajs))} if env is not None else {}
     return EvalResult(
         task_ids=[t.id for t in tasks],
-        passed=[int(tr.reward >= 1.0 and tr.error is None) for tr in trajs],
-        rewards=[tr.reward for tr in trajs],
+        passed=[_mean([float(tr.reward >= 1.0 and tr.error is None) for tr in ts]) for ts in per_task],
+        rewards=[_mean([tr.reward for tr in ts]) for ts in per_task],
         errors=sum(tr.error is not None for tr in trajs),
+        samples=samples,
         extra={
             "turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1),
             **_session_means(trajs),
             **flagged,
         },
     )
+
+
+def _mean(xs: list[float]) -> float:
+    """Mean of one task's samples; exact for one sample (its 0/1 outcome stays 0.0 or 1.0)."""
+    return sum(xs) / len(xs)
 
 
 def _session_means(trajs: list[Trajectory]) -> dict[str, float]:

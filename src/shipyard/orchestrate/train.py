@@ -100,8 +100,18 @@ def _eval_once(
     if path.is_file():
         d = json.loads(path.read_text())
         console.print(f"[dim]reusing {path} (pass@1 {sum(d['passed'])}/{len(d['passed'])})")
+        if (samples := d.get("samples", 1)) != cfg.eval.samples_per_task:
+            raise ValueError(
+                f"{path} holds {samples} sample(s) per task but eval.samples_per_task = "
+                f"{cfg.eval.samples_per_task}: the paired comparison needs the same; set it back, or "
+                f"delete {path} while the run is at version 0"
+            )
         return EvalResult(
-            task_ids=d["task_ids"], passed=d["passed"], rewards=d["rewards"], errors=d["errors"]
+            task_ids=d["task_ids"],
+            passed=d["passed"],
+            rewards=d["rewards"],
+            errors=d["errors"],
+            samples=samples,
         )
     if served := latest_version(store) or 0:  # the servers follow the newest version, not the base
         console.print(
@@ -124,10 +134,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _run_eval(label: str, spec: Any, tasks: list[Any], cfg: ShipyardConfig) -> EvalResult:
-    with StepBar(f"held-out eval ({label})", total=len(tasks), console=console) as bar:
-        res = evaluate(spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, bar.advance)
+    k = cfg.eval.samples_per_task
+    with StepBar(f"held-out eval ({label})", total=len(tasks) * k, console=console) as bar:
+        res = evaluate(spec, tasks, cfg.eval.temperature, cfg.rollout.concurrency, bar.advance, samples=k)
     lo, hi = res.ci95()
-    console.print(f"held-out pass@1 {label}: {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] on {res.n} tasks")
+    console.print(
+        f"held-out pass@1 {label}: {res.pass_rate:.3f} [{lo:.3f}, {hi:.3f}] on {res.n} tasks x {k} sample(s)"
+    )
     return res
 
 
@@ -166,6 +179,7 @@ def _report(
         diff, lo, hi = paired_diff_ci([float(p) for p in before.passed], [float(p) for p in after.passed])
         summary["demo"] = {
             "heldout_n": before.n,
+            "samples_per_task": before.samples,
             "heldout_before": before.pass_rate,
             "heldout_after": after.pass_rate,
             "heldout_diff": diff,
