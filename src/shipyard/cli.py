@@ -1,5 +1,5 @@
-"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `midtrain`, `trainer`, `worker`, each taking a
-TOML config and dotted overrides, and `view`, taking run directories.
+"""The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `midtrain`, `trainer`, `worker`,
+`online ACTION`, each taking a TOML config and dotted overrides, and `view`, taking run directories.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -14,6 +14,8 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
     shipyard train configs/demo.toml --dry-run
     shipyard view runs/demo runs/try2 --port 8600       # dashboard and rollout viewer in a browser
+    shipyard online gateway configs/demo.toml online.gateway.upstream=http://127.0.0.1:8000
+    shipyard online status configs/demo.toml            # also: mature, export --out FILE, retain
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import sys
 
 from shipyard.config import ConfigError, load_config, to_toml
+from shipyard.config.schema import ShipyardConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "worker":
             s.add_argument("--server", required=True, help="inference server URL, e.g. http://127.0.0.1:8000")
             s.add_argument("--worker-id", default="w0", help="names the worker's batches (rollouts/<id>/)")
+    o = sub.add_parser("online", help="real-time RL from served traffic: gateway, rewards, export, retention")
+    o.add_argument("action", choices=["gateway", "mature", "export", "retain", "status"])
+    o.add_argument("config", help="TOML config file (see configs/)")
+    o.add_argument("overrides", nargs="*", help="dotted overrides, e.g. online.db.dsn=postgresql://...")
+    o.add_argument("--out", help="output file of `export` (JSONL)")
+    o.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     v = sub.add_parser(
         "view", help="dashboard and rollout viewer of runs, in a browser (live while they run)"
     )
@@ -101,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
         _stop_on_signals()
         print(f"worker {args.worker_id}: {worker_process(cfg, args.worker_id, args.server)} batches")
+    elif args.command == "online":
+        return _online(cfg, args)
     elif args.command == "relay":
         from shipyard.weights.relay import run_relay
 
@@ -111,6 +122,21 @@ def main(argv: list[str] | None = None) -> int:
 
         _stop_on_signals()
         serve(cfg)
+    return 0
+
+
+def _online(cfg: ShipyardConfig, args: argparse.Namespace) -> int:
+    import json
+
+    from shipyard.online.command import run_online
+
+    if args.action == "gateway":
+        _stop_on_signals()
+    try:
+        print(json.dumps(run_online(cfg, args.action, args.out), indent=1, default=str))
+    except ValueError as e:
+        print(f"shipyard online: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -21,6 +21,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SIGNAL_KINDS = ("thumb", "score", "edit", "tests", "followup", "abandoned")
+"""User signal kinds the online gateway accepts as feedback (`shipyard.online.types.FeedbackEvent`)."""
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """`run.name` is one path component: it names the run's directory and its prefix in the store."""
 
@@ -768,6 +770,96 @@ class AntiCheatConfig(_Section):
     sampled one; the trainer logs their pass rate as `hack/canary_pass_rate`."""
 
 
+class GatewayConfig(_Section):
+    """The OpenAI-compatible proxy in front of the inference servers (`shipyard online gateway`)."""
+
+    upstream: str = ""
+    """Base URL of the inference backend the gateway forwards to (a `shipyard serve` or vLLM server,
+    without `/v1`), e.g. `http://127.0.0.1:8000`. Required by `shipyard online gateway`."""
+    host: str = "127.0.0.1"
+    """Interface the gateway listens on."""
+    port: int = Field(8700, ge=0, le=65535)
+    """Port the gateway listens on (0 picks a free one)."""
+    upstream_timeout_s: float = Field(600.0, gt=0)
+    """How long a forwarded request may take before the client gets a 504."""
+    user_salt_env: str = "SHIPYARD_USER_SALT"
+    """Environment variable holding the secret that user ids are hashed with (HMAC-SHA256); unset:
+    a random per-process salt, so hashes are not comparable across restarts (the gateway says so)."""
+    buffer_max: int = Field(100_000, ge=1)
+    """Most log records (generations and feedback) held in memory while the database is unreachable;
+    beyond it the oldest generation records are dropped and counted (`dropped_overflow`); feedback
+    events are never dropped for a generation record."""
+    retry_s: float = Field(0.5, gt=0)
+    """First wait before retrying a failed database write; doubles up to `retry_max_s`."""
+    retry_max_s: float = Field(5.0, gt=0)
+    """Longest wait between database write retries."""
+    batch_max: int = Field(256, ge=1)
+    """Most records written to the database in one transaction."""
+
+
+class OnlineDbConfig(_Section):
+    """The PostgreSQL database that is the system of record for served generations and feedback."""
+
+    dsn: str = ""
+    """libpq connection string or URL of the database, e.g. `postgresql://shipyard@db/shipyard`.
+    Empty: `shipyard online` runs a local server with its data in `local_dir`."""
+    local_dir: str = "runs/online/postgres"
+    """Data directory of the local server used when `dsn` is empty (durable: fsync on)."""
+    retention_days: float = Field(90.0, gt=0)
+    """Generations and feedback older than this are deleted by `shipyard online retain` (and by the
+    online trainer once per cycle)."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """How long one connection attempt may take."""
+
+
+class OnlineRewardConfig(_Section):
+    """How user signals become one reward per served generation (`shipyard.online.reward`)."""
+
+    weights: dict[str, float] = {
+        "thumb": 1.0,
+        "score": 1.0,
+        "edit": 1.0,
+        "tests": 1.5,
+        "followup": 0.75,
+        "abandoned": 0.5,
+    }
+    """Weight of each signal kind in the weighted mean of the signals a generation received:
+    `thumb` (+1 up, -1 down), `score` (a user's rating in [0, 1], mapped to [-1, 1]), `edit` (+1 the
+    edit was kept, -1 reverted), `tests` (+1 the tests run after the edit passed, -1 failed),
+    `followup` (-1 a follow-up expressing dissatisfaction, +1 one expressing satisfaction) and
+    `abandoned` (-1 the session ended with the problem unsolved)."""
+    mature_after_s: float = Field(3600.0, ge=0)
+    """A generation's reward is computed this long after it was served (feedback arrives minutes to
+    hours later); events after that still count for later analysis, not for training."""
+    no_feedback: Literal["skip", "neutral"] = "skip"
+    """A matured generation without any signal: `skip` (not trained on) or `neutral` (reward 0)."""
+    dodge_penalty: float = Field(-1.0, ge=-1, le=0)
+    """Reward of a response that dodges judgement (empty, a broken tool call, or a clarifying
+    question where none was needed: `shipyard.online.reward.dodge_kind`), whatever its signals; it
+    must not exceed what an honest failed attempt earns, so dodging never pays."""
+
+    @field_validator("weights")
+    @classmethod
+    def _kinds(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(SIGNAL_KINDS))
+        if unknown:
+            raise ValueError(f"unknown signal kind(s) {unknown}; use {list(SIGNAL_KINDS)}")
+        if any(w < 0 for w in weights.values()):
+            raise ValueError("weights must be >= 0 (a signal's sign is part of its value)")
+        return weights
+
+
+class OnlineConfig(_Section):
+    """Real-time RL from production traffic (`shipyard.online`)."""
+
+    gateway: GatewayConfig = GatewayConfig()
+    """The logging proxy."""
+    db: OnlineDbConfig = OnlineDbConfig()
+    """The database of record."""
+    reward: OnlineRewardConfig = OnlineRewardConfig()
+    """The reward model over user signals."""
+
+
 class RunConfig(_Section):
     name: str = "demo"
     """Run name; outputs go to `output_dir/name`, and the run's weights, rollouts and control records
@@ -833,6 +925,8 @@ class ShipyardConfig(_Section):
     """Services tasks can declare (PostgreSQL)."""
     rewards: RewardsConfig = RewardsConfig()
     """Reward components and their weights."""
+    online: OnlineConfig = OnlineConfig()
+    """Real-time RL from served traffic: gateway, feedback, database, reward model."""
     anticheat: AntiCheatConfig = AntiCheatConfig()
     """Reward-hacking detectors and canary tasks."""
 

@@ -18,7 +18,9 @@ it, never silently ignored:
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the matching
 status (400 invalid request, 404 unknown model or route, 503 shutting down, 500 engine failure).
 :func:`chat_response` and :func:`stream_chunks` build the reply; a choice carries the extension
-``shipyard: {token_ids, logprobs, versions}`` (the token-exact record RL needs).
+``shipyard: {token_ids, logprobs, versions}`` (the token-exact record RL needs), and the response
+carries ``shipyard: {prompt_token_ids}``; streamed, both ride on each choice's finish chunk (a
+gateway logs them: :mod:`shipyard.online.gateway`).
 """
 
 from __future__ import annotations
@@ -246,14 +248,19 @@ def _logprobs(tokenizer: Any, res: GenerateResult, top: bool) -> dict[str, Any]:
     return {"content": content}
 
 
+def _extension(res: GenerateResult) -> dict[str, Any]:
+    return {"token_ids": res.token_ids, "logprobs": res.logprobs, "versions": res.versions}
+
+
 def chat_response(
     tokenizer: Any,
     body: ChatCompletionBody,
     served: str,
-    prompt_len: int,
+    prompt_ids: list[int],
     results: list[GenerateResult],
     stop: list[str],
 ) -> dict[str, Any]:
+    prompt_len = len(prompt_ids)
     choices = []
     for i, res in enumerate(results):
         choices.append(
@@ -265,7 +272,7 @@ def chat_response(
                 },
                 "finish_reason": _finish(res),
                 "logprobs": _logprobs(tokenizer, res, bool(body.top_logprobs)) if body.logprobs else None,
-                "shipyard": {"token_ids": res.token_ids, "logprobs": res.logprobs, "versions": res.versions},
+                "shipyard": _extension(res),
             }
         )
     completion = sum(len(r.token_ids) for r in results)
@@ -275,6 +282,7 @@ def chat_response(
         "created": int(time.time()),
         "model": served,
         "choices": choices,
+        "shipyard": {"prompt_token_ids": prompt_ids},
         "usage": {
             "prompt_tokens": prompt_len,
             "completion_tokens": completion,
@@ -325,12 +333,14 @@ async def stream_chunks(
     tokenizer: Any,
     body: ChatCompletionBody,
     served: str,
-    prompt_len: int,
+    prompt_ids: list[int],
     stop: list[str],
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed completion: a role chunk per choice, content deltas as tokens
-    arrive (``(choice, token)`` events), a finish chunk per choice when the results arrive, the usage
-    chunk when ``stream_options.include_usage``, then ``[DONE]``."""
+    arrive (``(choice, token)`` events), a finish chunk per choice when the results arrive (with the
+    ``shipyard`` extensions, module doc), the usage chunk when ``stream_options.include_usage``, then
+    ``[DONE]``."""
+    prompt_len = len(prompt_ids)
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",
@@ -339,9 +349,14 @@ async def stream_chunks(
     }
     n = body.n or 1
 
-    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
         return sse(
-            {**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            {
+                **head,
+                "choices": [{**choice, **extra}],
+                **({"shipyard": {"prompt_token_ids": prompt_ids}} if extra else {}),
+            }
         )
 
     texts = [StreamText(tokenizer, stop) for _ in range(n)]
@@ -357,7 +372,7 @@ async def stream_chunks(
             final = visible_text(tokenizer, res.token_ids, res.finish_reason, stop)
             if rest := texts[i].rest(final):
                 yield chunk(i, {"content": rest})
-            yield chunk(i, {}, _finish(res))
+            yield chunk(i, {}, _finish(res), shipyard=_extension(res))
         if body.stream_options is not None and body.stream_options.include_usage:
             done = sum(len(r.token_ids) for r in event)
             usage = {

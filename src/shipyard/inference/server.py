@@ -160,11 +160,10 @@ def create_app(
         body: ChatCompletionBody, request: Request
     ) -> dict[str, Any] | StreamingResponse:
         requests, stop = chat_requests(body, engine.tokenizer, name, engine.max_positions, max_n)
-        prompt_len = len(requests[0].prompt_ids)
         if body.stream:
             return _stream(scheduler, requests, body, engine.tokenizer, name, stop)
         results = await _results(_submit(scheduler, requests), request)
-        return chat_response(engine.tokenizer, body, name, prompt_len, results, stop)
+        return chat_response(engine.tokenizer, body, name, requests[0].prompt_ids, results, stop)
 
     _add_info_routes(app, engine, name)
     return app
@@ -202,7 +201,7 @@ def _stream(
 
     async def body_iter() -> AsyncIterator[str]:
         try:
-            async for chunk in stream_chunks(events(), tok, body, name, len(requests[0].prompt_ids), stop):
+            async for chunk in stream_chunks(events(), tok, body, name, requests[0].prompt_ids, stop):
                 yield chunk
         except Exception as e:  # after the 200 headers: an error event, which the client raises as APIError
             status = 503 if isinstance(e, SchedulerClosed) else 500
@@ -251,6 +250,68 @@ def _add_info_routes(app: FastAPI, engine: EmbeddedEngine, name: str) -> None:
         }
 
 
+class UvicornThread:
+    """An ASGI ``app`` served by uvicorn in a background thread, on a socket bound here (port 0 picks
+    a free port, known once :meth:`start` returns). Also used by the online gateway."""
+
+    def __init__(
+        self, app: Any, host: str, port: int, graceful_s: int = 5, name: str = "shipyard-uvicorn"
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port={port} must be in [0, 65535]")
+        self.app, self.host, self.port, self.graceful_s, self.name = app, host, port, graceful_s, name
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        if self._sock is None:
+            raise RuntimeError("the server is not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Bind, start uvicorn in a thread, and return once it accepts connections."""
+        if self._thread is not None or self._stopped:
+            raise RuntimeError("a server starts once (create a new one after stop())")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self._sock, self.port = sock, sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=self.graceful_s,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=self.name, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"uvicorn did not start on {self.host}:{self.port} within {timeout_s}s")
+            time.sleep(0.01)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Shut uvicorn down (running requests get ``graceful_s``) and join its thread; idempotent."""
+        self._stopped = True
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._sock is not None:
+            self._sock.close()
+        self._server, self._thread, self._sock = None, None, None
+
+
 class InferenceServer:
     """uvicorn serving :func:`create_app` in a background thread; also a context manager."""
 
@@ -265,69 +326,36 @@ class InferenceServer:
         drain_s: float = 5.0,
         reserved_slots: int | None = None,
     ) -> None:
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port={port} must be in [0, 65535]")
         self.engine = engine
-        self.host = host
-        self.port = port
         self.drain_s = drain_s
         self.app = create_app(engine, gather_window_s, model_name, max_n, drain_s, reserved_slots)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-        self._stopped = False
+        self._http = UvicornThread(self.app, host, port, graceful_s=int(drain_s) + 5)
+
+    @property
+    def host(self) -> str:
+        return self._http.host
+
+    @property
+    def port(self) -> int:
+        return self._http.port
 
     @property
     def url(self) -> str:
-        if self._sock is None:
-            raise RuntimeError("the server is not started")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self._http.url
 
     def start(self, timeout_s: float = 30.0) -> InferenceServer:
         """Bind, start uvicorn in a thread, and return once it accepts connections."""
-        if self._thread is not None or self._stopped:
-            raise RuntimeError("an InferenceServer starts once (create a new one after stop())")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self._sock, self.port = sock, sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=int(self.drain_s) + 5,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="shipyard-uvicorn", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"uvicorn did not start on {self.host}:{self.port} within {timeout_s}s")
-            time.sleep(0.01)
+        self._http.start(timeout_s)
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Refuse new requests (503), let running ones finish for ``drain_s``, cancel the rest (they
         answer with what they have), shut uvicorn down and join its thread and the scheduler's."""
-        self._stopped = True
         scheduler: BatchScheduler = self.app.state.scheduler
         closer = threading.Thread(target=scheduler.close, args=(self.drain_s,), name="shipyard-drain")
         closer.start()
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._http.stop(timeout_s)
         closer.join(timeout_s)
-        if self._sock is not None:
-            self._sock.close()
-        self._server, self._thread, self._sock = None, None, None
 
     def __enter__(self) -> InferenceServer:
         return self.start()

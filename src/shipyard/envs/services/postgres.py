@@ -116,7 +116,7 @@ def postgres_available(cfg: PostgresConfig | None = None) -> str | None:
     return None
 
 
-def _traversable(path: str, uid: int) -> bool:
+def traversable(path: str, uid: int) -> bool:
     """Whether ``uid`` can reach into ``path`` (every ancestor searchable by it)."""
     path = os.path.abspath(path)
     while True:
@@ -130,7 +130,7 @@ def _traversable(path: str, uid: int) -> bool:
 
 def _parent_dir(cfg: PostgresConfig, uid: int) -> str:
     for parent in [cfg.root_dir] if cfg.root_dir else [tempfile.gettempdir(), "/var/tmp"]:
-        if os.path.isdir(parent) and _traversable(parent, uid):
+        if os.path.isdir(parent) and traversable(parent, uid):
             return parent
     raise ValueError(
         f"no directory for the PostgreSQL cluster that user uid={uid} can reach "
@@ -169,7 +169,7 @@ def reap_stale(bin_dir: str, parents: list[str], run_as: list[str]) -> int:
     return n
 
 
-def _runs_as(cfg: PostgresConfig) -> tuple[pwd.struct_passwd, list[str], str]:
+def runs_as(cfg: PostgresConfig) -> tuple[pwd.struct_passwd, list[str], str]:
     """(the user the server runs as, the command prefix that runs as it, the clusters' parent dir)."""
     user = pwd.getpwnam(cfg.run_as) if os.getuid() == 0 else pwd.getpwuid(os.getuid())
     runuser = shutil.which("runuser") or "/usr/sbin/runuser"
@@ -182,7 +182,7 @@ def reap_stale_clusters(cfg: PostgresConfig) -> int:
     a pool calls it when it starts, so a killed worker's server does not outlive it for long)."""
     if postgres_available(cfg) is not None:
         return 0
-    _, run_as, parent = _runs_as(cfg)
+    _, run_as, parent = runs_as(cfg)
     return _reap_once(find_bin_dir(cfg.bin_dir) or "", parent, tuple(run_as))
 
 
@@ -208,7 +208,7 @@ class PostgresService:
         self.bin_dir = find_bin_dir(self.cfg.bin_dir) or ""
         own_psql = os.path.join(self.bin_dir, "psql")
         self.psql_bin = own_psql if os.access(own_psql, os.X_OK) else shutil.which("psql") or "psql"
-        user, self._run_as, parent = _runs_as(self.cfg)
+        user, self._run_as, parent = runs_as(self.cfg)
         _reap_once(self.bin_dir, parent, tuple(self._run_as))
         self.root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent)
         self._finalizer = weakref.finalize(self, _stop_cluster, self.bin_dir, self.root, self._run_as)
