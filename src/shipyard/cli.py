@@ -16,6 +16,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard view runs/demo runs/try2 --port 8600       # dashboard and rollout viewer in a browser
     shipyard online gateway configs/demo.toml online.gateway.upstream=http://127.0.0.1:8000
     shipyard online status configs/demo.toml            # also: mature, export --out FILE, retain
+    shipyard online rollback 3 configs/demo.toml        # or --version 3; promote CANDIDATE likewise
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--server", required=True, help="inference server URL, e.g. http://127.0.0.1:8000")
             s.add_argument("--worker-id", default="w0", help="names the worker's batches (rollouts/<id>/)")
     o = sub.add_parser("online", help="real-time RL from served traffic: gateway, rewards, export, retention")
-    o.add_argument("action", choices=["gateway", "mature", "export", "retain", "status"])
+    o.add_argument(
+        "action", choices=["gateway", "mature", "export", "retain", "status", "promote", "rollback"]
+    )
     o.add_argument("config", help="TOML config file (see configs/)")
+    o.add_argument(
+        "--version", type=int, help="the version `promote` (a candidate) or `rollback` (a serving one) names"
+    )
     o.add_argument("overrides", nargs="*", help="dotted overrides, e.g. online.db.dsn=postgresql://...")
     o.add_argument("--out", help="output file of `export` (JSONL)")
     o.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
@@ -69,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "view":
         return _view(args)
+    if args.command == "online" and args.config.isdigit():  # `shipyard online rollback 3 CONFIG ...`
+        if not args.overrides:
+            print(f"shipyard online {args.action}: give the config after the version", file=sys.stderr)
+            return 2
+        args.version, args.config = int(args.config), args.overrides.pop(0)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -133,7 +144,7 @@ def _online(cfg: ShipyardConfig, args: argparse.Namespace) -> int:
     if args.action == "gateway":
         _stop_on_signals()
     try:
-        print(json.dumps(run_online(cfg, args.action, args.out), indent=1, default=str))
+        print(json.dumps(run_online(cfg, args.action, args.out, args.version), indent=1, default=str))
     except ValueError as e:
         print(f"shipyard online: {e}", file=sys.stderr)
         return 2

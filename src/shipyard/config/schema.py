@@ -849,6 +849,70 @@ class OnlineRewardConfig(_Section):
         return weights
 
 
+class OnlineTrainerConfig(_Section):
+    """The online trainer: matured (generation, reward) records -> policy updates -> candidates."""
+
+    batch_size: int = Field(32, ge=1)
+    """Rewarded generations per optimizer step (taken in the order their rewards matured)."""
+    min_batch: int = Field(8, ge=1)
+    """A step waits until at least this many rewarded generations are there."""
+    max_version_lag: int = Field(4, ge=0)
+    """A generation served by a version more than this many serving versions behind the current one
+    is not trained on (counted as `online/dropped_stale`); the rest are corrected by importance
+    weights against their logged logprobs (`trainer.loss.correction`)."""
+    baseline: Literal["prompt", "global"] = "prompt"
+    """`prompt`: a generation's baseline is the mean reward of the other generations of the same
+    prompt in the step (leave-one-out, RLOO) or, when it is alone, of that prompt's last
+    `baseline_window` rewards, falling back to the running mean of all rewards (REINFORCE with a
+    baseline); `global`: always the running mean of all rewards."""
+    baseline_window: int = Field(32, ge=1)
+    """Rewards remembered per prompt for its baseline."""
+    scale: Literal["batch", "none"] = "batch"
+    """Divide the step's advantages by their standard deviation (plus `trainer.loss.std_eps`) or not."""
+    candidate_every: int = Field(4, ge=1)
+    """Steps between candidate versions handed to the gate."""
+
+
+class GateSuiteConfig(_Section):
+    """One held-out suite the gate evaluates a candidate on, paired against the serving version."""
+
+    kind: Literal["heldout", "humaneval", "regression"] = "heldout"
+    """`heldout`: generated held-out tasks (`tasks.*`); `humaneval`; `regression`: past production
+    prompts with known good outcomes, frozen into a suite file (`shipyard.online.gate`)."""
+    n: int = Field(50, ge=1)
+    """Tasks of the suite."""
+    samples_per_task: int = Field(1, ge=1)
+    """Samples per task (the paired difference averages them)."""
+    target: bool = False
+    """The suite whose mean must not fall (at most one suite is the target)."""
+    path: str = ""
+    """Suite file of a `regression` suite (JSONL of tasks in the format of docs/tasks.md)."""
+
+
+class GateConfig(_Section):
+    """The evaluation gate a candidate passes before it is promoted (`shipyard.online.gate`)."""
+
+    suites: list[GateSuiteConfig] = [GateSuiteConfig(kind="heldout", n=50, target=True)]
+    """Suites evaluated on both versions with the same seeds; paired 95% intervals per suite."""
+    temperature: float = Field(0.7, ge=0)
+    """Sampling temperature of the gate's evaluations."""
+    z: float = Field(1.96, gt=0)
+    """Width of the intervals (1.96: 95%)."""
+    regression_margin: float = Field(0.0, ge=0)
+    """A suite regresses significantly when its interval's upper end is below `-regression_margin`."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> GateConfig:
+        if sum(s.target for s in self.suites) > 1:
+            raise ValueError("online.gate.suites: at most one suite may have target = true")
+        for i, s in enumerate(self.suites):
+            if s.kind == "regression" and not s.path:
+                raise ValueError(
+                    f"online.gate.suites[{i}]: a regression suite needs path (its JSONL task file)"
+                )
+        return self
+
+
 class OnlineConfig(_Section):
     """Real-time RL from production traffic (`shipyard.online`)."""
 
@@ -858,6 +922,10 @@ class OnlineConfig(_Section):
     """The database of record."""
     reward: OnlineRewardConfig = OnlineRewardConfig()
     """The reward model over user signals."""
+    trainer: OnlineTrainerConfig = OnlineTrainerConfig()
+    """The online trainer."""
+    gate: GateConfig = GateConfig()
+    """The evaluation gate of candidates."""
 
 
 class RunConfig(_Section):

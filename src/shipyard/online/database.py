@@ -62,7 +62,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             finish_reason text NOT NULL,
             latency_ms real NOT NULL,
             messages jsonb NOT NULL,
-            completion text NOT NULL
+            completion text NOT NULL,
+            temperature real NOT NULL
         );
         CREATE INDEX generations_created ON generations (created_at);
         CREATE INDEX generations_session ON generations (session_id) WHERE session_id <> '';
@@ -91,12 +92,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "decisions of the gate, promotions and rollbacks",
+        """
+        CREATE TABLE decisions (
+            id bigserial PRIMARY KEY,
+            at timestamptz NOT NULL,
+            action text NOT NULL CHECK (action IN ('promote', 'reject', 'rollback')),
+            candidate integer,
+            serving_before integer NOT NULL,
+            serving_after integer,
+            evidence jsonb NOT NULL
+        );
+        CREATE INDEX decisions_at ON decisions (at);
+        """,
+    ),
 ]
 """(version, what, SQL) in order; a released migration is never edited, a new one is appended."""
 
 _GEN_COLS = (
     "generation_id, request_id, session_id, user_hash, created_at, model, weight_version, prompt_key, "
-    "prompt_ids, token_ids, logprobs, versions, finish_reason, latency_ms, messages, completion"
+    "prompt_ids, token_ids, logprobs, versions, finish_reason, latency_ms, messages, completion, "
+    "temperature"
 )
 _LOCK_KEY = 0x5348495059  # advisory lock of the migrations ("SHIPY")
 
@@ -175,10 +193,11 @@ class OnlineDB:
                 r.latency_ms,
                 Jsonb(r.messages),
                 r.completion,
+                r.temperature,
             )
             for r in records
         ]
-        marks = ", ".join(["%s"] * 16)
+        marks = ", ".join(["%s"] * 17)
         with self.conn.transaction(), self.conn.cursor() as cur:
             cur.executemany(
                 f"INSERT INTO generations ({_GEN_COLS}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
@@ -317,8 +336,8 @@ class OnlineDB:
                 (_ts(since),),
             )
             for row in cur:
-                rec = _record(row[:16]).to_json()
-                yield {**rec, "reward": row[16], "reward_breakdown": row[17], "feedback": row[18]}
+                rec = _record(row[:17]).to_json()
+                yield {**rec, "reward": row[17], "reward_breakdown": row[18], "feedback": row[19]}
 
 
 def _record(row: Any) -> GenerationRecord:
@@ -339,4 +358,5 @@ def _record(row: Any) -> GenerationRecord:
         latency_ms=float(row[13]),
         messages=row[14],
         completion=row[15],
+        temperature=float(row[16]),
     )

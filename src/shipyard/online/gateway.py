@@ -212,6 +212,9 @@ class _Ctx:
                     latency_ms=latency,
                     messages=list(self.forward.get("messages") or []),
                     completion=c.get("text", ""),
+                    temperature=float(
+                        1.0 if self.forward.get("temperature") is None else self.forward["temperature"]
+                    ),
                 )
             )
 

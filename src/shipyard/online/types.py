@@ -64,6 +64,8 @@ class GenerationRecord:
     """The chat messages of the request (for regression suites and analysis)."""
     completion: str = ""
     """The text the client received."""
+    temperature: float = 1.0
+    """Sampling temperature of the request (the logprobs are of the tempered distribution)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

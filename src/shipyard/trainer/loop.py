@@ -69,7 +69,7 @@ def run_trainer(
         "consumed": [],
         "idle_s": 0.0,
     }
-    publisher = _publisher(cfg, store, with_feed=ranks.leader)
+    publisher = make_publisher(cfg, store, with_feed=ranks.leader)
     lead = _Leader(cfg, store, run_dir, identity.run_id, state, publisher) if ranks.leader else None
     _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)  # a kill after the checkpoint
     if lead:
@@ -220,7 +220,7 @@ def trainer_precision(cfg: ShipyardConfig, device: str) -> tuple[Any, dict[str, 
     return cfg.trainer.model_copy(update={"bf16_decoder": use}), {"bf16_decoder": use, "reason": reason}
 
 
-def _publisher(cfg: ShipyardConfig, store: Store, with_feed: bool = True) -> WeightPublisher:
+def make_publisher(cfg: ShipyardConfig, store: Store, with_feed: bool = True) -> WeightPublisher:
     """The trainer's publisher, serving a version feed when ``weights.feed_port`` is set (rank 0's)."""
     from shipyard.weights.feed import VersionFeed
 
