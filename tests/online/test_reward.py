@@ -21,8 +21,8 @@ from shipyard.online.types import FeedbackEvent, GenerationRecord
 CODE = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```"
 
 
-def rec(text: str, gid: str = "r/0") -> GenerationRecord:
-    return GenerationRecord(gid, "r", "s", "", 0.0, "m", 0, [1], [2], [-0.1], [0], "stop", 1.0, [], text)
+def rec(text: str, gid: str = "r/0", finish: str = "stop") -> GenerationRecord:
+    return GenerationRecord(gid, "r", "s", "", 0.0, "m", 0, [1], [2], [-0.1], [0], finish, 1.0, [], text)
 
 
 def ev(kind: str, value: float, at: float, gid: str = "r/0") -> FeedbackEvent:
@@ -30,22 +30,23 @@ def ev(kind: str, value: float, at: float, gid: str = "r/0") -> FeedbackEvent:
 
 
 @pytest.mark.parametrize(
-    ("text", "kind"),
+    ("text", "finish", "kind"),
     [
-        ("", "empty"),
-        ("   \n ", "empty"),
-        ("```python\ndef add(a, b):\n    return a +", "broken_call"),
-        ('<tool_call>{"name": "run", "arguments": {', "broken_call"),
-        ("Which language would you like this in?", "clarifying_question"),
-        ("Could you share more details about the inputs? Do they fit in memory?", "clarifying_question"),
-        (CODE, None),
-        ("def add(a, b):\n    return a + b", None),
-        ("Use the built-in sum() function.", None),
-        (CODE + "\nDoes this help?", None),  # an attempt that also asks is still an attempt
+        ("", "stop", "empty"),
+        ("   \n ", "eos", "empty"),
+        ("```python\ndef add(a, b):\n    return a +", "length", "broken_call"),
+        ('<tool_call>{"name": "run", "arguments": {', "length", "broken_call"),
+        ("```python\ndef add(a, b):\n    return a + b", "stop", None),  # closed by the stop string
+        ("Which language would you like this in?", "stop", "clarifying_question"),
+        ("Could you share more details about the inputs? Do they fit in memory?", "eos", "clarifying_question"),
+        (CODE, "stop", None),
+        ("def add(a, b):\n    return a + b", "eos", None),
+        ("Use the built-in sum() function.", "eos", None),
+        (CODE + "\nDoes this help?", "eos", None),  # an attempt that also asks is still an attempt
     ],
 )
-def test_dodge_kind(text: str, kind: str | None) -> None:
-    assert dodge_kind(rec(text)) == kind
+def test_dodge_kind(text: str, finish: str, kind: str | None) -> None:
+    assert dodge_kind(rec(text, finish=finish)) == kind
 
 
 def test_latest_event_per_kind_weighted_mean() -> None:

@@ -136,4 +136,6 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an element of a list of sections: an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
     return json.dumps(str(v))  # JSON string escapes are valid TOML basic-string escapes

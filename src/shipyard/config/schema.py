@@ -871,6 +871,10 @@ class OnlineTrainerConfig(_Section):
     """Divide the step's advantages by their standard deviation (plus `trainer.loss.std_eps`) or not."""
     candidate_every: int = Field(4, ge=1)
     """Steps between candidate versions handed to the gate."""
+    on_reject: Literal["continue", "reset"] = "continue"
+    """After the gate rejects a candidate: `continue` training from it (the next candidate is gated
+    against the serving version again; nothing unapproved is ever served) or `reset` to the serving
+    weights (a fresh optimizer)."""
 
 
 class GateSuiteConfig(_Section):

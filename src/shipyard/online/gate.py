@@ -95,42 +95,49 @@ def run_gate(
     engine: Any,
     candidate: tuple[int, dict[str, Any]],
     serving: tuple[int, dict[str, Any]],
+    cache: dict[tuple[Any, ...], list[float]] | None = None,
 ) -> GateDecision:
     """Evaluate (version, weights) ``candidate`` against ``serving`` in ``engine`` (an
-    :class:`~shipyard.inference.engine.EmbeddedEngine` of the policy's architecture); module doc."""
+    :class:`~shipyard.inference.engine.EmbeddedEngine` of the policy's architecture); module doc.
+    ``cache`` keeps the serving version's per-task outcomes by (version, suite, tasks, samples):
+    the same weights with the same seeds score the same, so the next candidate gated against the
+    same serving version evaluates only itself."""
     from shipyard.inference.client import LocalInferenceClient
 
     t0 = time.time()
     g = cfg.online.gate
     spec = session_spec(cfg, LocalInferenceClient(engine), engine.tokenizer)
-    scores: dict[str, dict[int, list[float]]] = {}
     suites = [
         (f"{s.kind}{i}" if s.kind == "regression" else s.kind, s, suite_tasks(cfg, s))
         for i, s in enumerate(g.suites)
     ]
-    for version, weights in (serving, candidate):
-        engine.stage_weights(version, weights)
-        engine.apply_pending()
+    cache = {} if cache is None else cache
+    scores: dict[str, dict[str, list[float]]] = {"serving": {}, "candidate": {}}
+    for role, (version, weights) in (("serving", serving), ("candidate", candidate)):
+        staged = False
         for name, suite, tasks in suites:
+            key = (version, name, tuple(t.id for t in tasks), suite.samples_per_task)
+            if role == "serving" and key in cache:
+                scores[role][name] = cache[key]
+                continue
+            if not staged:
+                engine.stage_weights(version, weights)
+                engine.apply_pending()
+                staged = True
             res = evaluate(
                 spec, tasks, g.temperature, cfg.rollout.concurrency, samples=suite.samples_per_task
             )
-            scores.setdefault(name, {})[version] = res.passed
+            scores[role][name] = res.passed
+            if role == "serving":
+                cache[key] = res.passed
     results = []
     for name, suite, tasks in suites:
-        before, after = scores[name][serving[0]], scores[name][candidate[0]]
+        before, after = scores["serving"][name], scores["candidate"][name]
         diff, lo, hi = paired_diff_ci(before, after, g.z)
+        mean_b, mean_a = sum(before) / len(before), sum(after) / len(after)
         results.append(
             SuiteResult(
-                name,
-                len(tasks),
-                sum(before) / len(before),
-                sum(after) / len(after),
-                diff,
-                lo,
-                hi,
-                hi < -g.regression_margin,
-                suite.target,
+                name, len(tasks), mean_b, mean_a, diff, lo, hi, hi < -g.regression_margin, suite.target
             )
         )
     decision = decide(candidate[0], serving[0], results)

@@ -37,13 +37,16 @@ _CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import |return |for 
 
 def dodge_kind(record: GenerationRecord) -> str | None:
     """Why ``record`` dodges judgement, or None for an attempt: ``empty`` (no visible text),
-    ``broken_call`` (a tool call or code block left unclosed, or cut off by the length limit inside
-    one), ``clarifying_question`` (no code at all, and the answer asks the user something)."""
+    ``broken_call`` (cut off by the length limit inside a code block or tool call: nothing usable
+    came out; a block closed by a stop string or left open at EOS is still an attempt, as the
+    harness reads it), ``clarifying_question`` (no code at all, and the answer asks the user
+    something)."""
     text = record.completion.strip()
     if not text:
         return "empty"
     fences = len(_FENCE.findall(text))
-    if fences % 2 == 1 or ("<tool_call>" in text and "</tool_call>" not in text):
+    unclosed = fences % 2 == 1 or ("<tool_call>" in text and "</tool_call>" not in text)
+    if unclosed and record.finish_reason == "length":
         return "broken_call"
     has_code = fences >= 2 or _CODE_LINE.search(text) is not None
     if not has_code and "?" in text:
