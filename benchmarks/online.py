@@ -50,6 +50,8 @@ from shipyard.envs.tasks.splits import task_splits
 from shipyard.eval.stats import paired_diff_ci
 
 ROOT = Path(__file__).resolve().parents[1]
+FULL = ["inference.threads=2", "trainer.threads=2"]
+"""The phases run one after another in one process: each may use both cores."""
 QUICK = [
     "model.source=tiny",
     "sampling.max_tokens=24",
@@ -66,7 +68,7 @@ QUICK = [
 
 def _cfg(args: Any) -> ShipyardConfig:
     over = [
-        *(QUICK if args.quick else []),
+        *(QUICK if args.quick else FULL),
         *args.overrides,
         "online.reward.mature_after_s=0",
         "online.trainer.candidate_every=100000",
@@ -91,6 +93,7 @@ class Bench:
         from shipyard.inference.base import start_node
         from shipyard.inference.engine import EmbeddedEngine
         from shipyard.models.loading import load_model
+        from shipyard.models.precision import engine_precision
         from shipyard.online.database import OnlineDB
         from shipyard.online.gateway import Gateway
         from shipyard.online.postgres import LocalPostgres
@@ -98,6 +101,7 @@ class Bench:
         from shipyard.online.trainer import OnlineTrainer
         from shipyard.store.local import LocalStore
         from shipyard.store.run import stamp_new_run
+        from shipyard.trainer.loop import published_dtype
         from shipyard.weights.publisher import named_params
 
         cfg, args = self.cfg, self.args
@@ -110,8 +114,10 @@ class Bench:
         root = LocalStore(args.work / "store")
         serving, candidates = stamp_new_run(root, "prod"), stamp_new_run(root, "prod-candidates")
         model, tok = load_model(cfg.model)
-        self.line = ServingLine(serving, self.db)
-        self.line.publish({k: v.detach().clone() for k, v in named_params(model).items()}, {"online": "base"})
+        self.line = ServingLine(serving, self.db, keep=8, dtype=published_dtype(cfg))
+        self.base = {k: v.detach().clone() for k, v in named_params(model).items()}
+        self.line.publish(self.base, {"online": "base"})
+        engine_precision(model, cfg.inference)  # the gate's engine serves as the servers do
         self.node = start_node(cfg, serving)
         self._closers.append(self.node.stop)
         gw = GatewayConfig(upstream=self.node.url, port=0, retry_s=0.2, retry_max_s=2.0)
@@ -284,8 +290,8 @@ def satisfaction_pair(bench: Bench, a: int, b: int) -> tuple[list[float], list[f
     from shipyard.inference.types import GenerateRequest, SamplingParams
 
     s, out = bench.cfg.sampling, []
-    for version in (a, b):
-        bench.gate_engine.stage_weights(version, bench.line.weights(version))
+    for version in (a, b):  # version 0 from memory: the serving line keeps only its newest versions
+        bench.gate_engine.stage_weights(version, bench.base if version == 0 else bench.line.weights(version))
         bench.gate_engine.apply_pending()
         reqs, pairs = [], []
         for j, task in enumerate(bench.final_tasks):

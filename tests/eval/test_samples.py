@@ -55,6 +55,7 @@ def test_each_task_is_sampled_k_times_with_its_own_seeds(setup) -> None:
         assert round(p * 3) == pytest.approx(p * 3) and 0.0 <= p <= 1.0  # a mean of three 0/1 outcomes
         assert 0.0 <= r <= 1.0
     assert res.pass_rate == pytest.approx(sum(res.passed) / 4)
+    assert [sum(s) / 3 for s in res.sample_passed] == pytest.approx(res.passed)
 
 
 def test_one_sample_keeps_zero_one_outcomes(setup) -> None:

@@ -38,7 +38,11 @@ def ev(kind: str, value: float, at: float, gid: str = "r/0") -> FeedbackEvent:
         ('<tool_call>{"name": "run", "arguments": {', "length", "broken_call"),
         ("```python\ndef add(a, b):\n    return a + b", "stop", None),  # closed by the stop string
         ("Which language would you like this in?", "stop", "clarifying_question"),
-        ("Could you share more details about the inputs? Do they fit in memory?", "eos", "clarifying_question"),
+        (
+            "Could you share more details about the inputs? Do they fit in memory?",
+            "eos",
+            "clarifying_question",
+        ),
         (CODE, "stop", None),
         ("def add(a, b):\n    return a + b", "eos", None),
         ("Use the built-in sum() function.", "eos", None),

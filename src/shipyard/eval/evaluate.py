@@ -43,6 +43,8 @@ class EvalResult:
     extra: dict[str, float] = field(default_factory=dict)
     samples: int = 1
     """Sessions played per task."""
+    sample_passed: list[list[int]] = field(default_factory=list)
+    """Per task, each sample's outcome (1 passed), in sample order: what ``passed`` averages."""
 
     @property
     def n(self) -> int:
@@ -97,6 +99,7 @@ def evaluate(
         rewards=[_mean([tr.reward for tr in ts]) for ts in per_task],
         errors=sum(tr.error is not None for tr in trajs),
         samples=samples,
+        sample_passed=[[int(tr.reward >= 1.0 and tr.error is None) for tr in ts] for ts in per_task],
         extra={
             "turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1),
             **_session_means(trajs),

@@ -112,6 +112,7 @@ def _eval_once(
             rewards=d["rewards"],
             errors=d["errors"],
             samples=samples,
+            sample_passed=d.get("sample_passed", []),
         )
     if served := latest_version(store) or 0:  # the servers follow the newest version, not the base
         console.print(

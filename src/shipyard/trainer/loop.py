@@ -235,12 +235,12 @@ def make_publisher(cfg: ShipyardConfig, store: Store, with_feed: bool = True) ->
         shard_bytes=int(w.shard_mb * (1 << 20)),
         workers=w.workers,
         connections=cfg.store.connections,
-        dtype=_published_dtype(cfg),
+        dtype=published_dtype(cfg),
         feed=feed,
     )
 
 
-def _published_dtype(cfg: ShipyardConfig) -> Any:
+def published_dtype(cfg: ShipyardConfig) -> Any:
     """``weights.dtype`` as a torch dtype: None = the trainer's own; ``auto`` = ``inference.dtype`` as
     it resolves on this host (a CPU engine without bf16 units gets fp32 versions, one with them bf16)."""
     import torch
