@@ -13,10 +13,7 @@ decision recorded.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,24 +37,6 @@ from shipyard.weights.publisher import named_params
 pytestmark = pytest.mark.skipif(postgres_available() is not None, reason=str(postgres_available()))
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Write add(a, b).", "Write a function that reverses a string."]
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    root = tempfile.mkdtemp(prefix="shipyard-online-cycle-")
-    os.chmod(root, 0o755)
-    with LocalPostgres(os.path.join(root, "pg")) as server:
-        yield server
-
-
-@pytest.fixture()
-def db(pg: LocalPostgres) -> Iterator[OnlineDB]:
-    db = OnlineDB(pg.dsn)
-    db.migrate()
-    with db.conn.cursor() as cur:
-        cur.execute("TRUNCATE generations, feedback, rewards, decisions")
-    yield db
-    db.close()
 
 
 def _cfg(tmp_path: Path, *extra: str) -> ShipyardConfig:

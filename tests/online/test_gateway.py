@@ -12,8 +12,6 @@ back; matured rewards come back in maturity order; retention and the JSONL expor
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,30 +39,11 @@ MSG = [{"role": "user", "content": "Write a function add(a, b)."}]
 
 
 @pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    root = tempfile.mkdtemp(prefix="shipyard-online-test-")
-    os.chmod(root, 0o755)  # the server's user must reach its data directory
-    with LocalPostgres(os.path.join(root, "pg")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def served() -> Iterator[tuple[Any, InferenceServer]]:
     torch.set_num_threads(1)
     model, tok = load_model(ModelConfig(source="tiny", tiny="dense"))
     with InferenceServer(EmbeddedEngine(model, tok, max_batch=4), model_name="tiny") as server:
         yield tok, server
-
-
-@pytest.fixture()
-def db(pg: LocalPostgres) -> Iterator[OnlineDB]:
-    pg.start()
-    db = OnlineDB(pg.dsn)
-    db.migrate()
-    with db.conn.cursor() as cur:
-        cur.execute("TRUNCATE generations, feedback, rewards")
-    yield db
-    db.close()
 
 
 @pytest.fixture()

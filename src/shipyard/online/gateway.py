@@ -116,27 +116,7 @@ def create_gateway_app(cfg: GatewayConfig, buffer: LogBuffer, client: httpx.Asyn
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Response:
-        try:
-            body = await request.json()
-            items = body["events"] if isinstance(body, dict) and "events" in body else [body]
-            events = [_event(item) for item in items]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            return _error(400, f"invalid feedback: {e}")
-        kept = [e for e in events if e.generation_id.rsplit("/", 1)[0] not in state.opted_out]
-        state.counters["feedback_opted_out"] += len(events) - len(kept)
-        if not buffer.add_feedback(kept):
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": "feedback buffer full; retry with the same event_id",
-                        "type": "server_error",
-                    }
-                },
-                503,
-                headers={"retry-after": "1"},
-            )
-        state.counters["feedback_accepted"] += len(kept)
-        return JSONResponse({"accepted": len(kept), "dropped_opted_out": len(events) - len(kept)}, 202)
+        return await _feedback(request, state)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -155,6 +135,23 @@ def create_gateway_app(cfg: GatewayConfig, buffer: LogBuffer, client: httpx.Asyn
         return {**state.counters, **buffer.stats(), "user_salt_random": state.salt_is_random}
 
     return app
+
+
+async def _feedback(request: Request, state: _State) -> Response:
+    """``POST /v1/feedback`` (module doc)."""
+    try:
+        body = await request.json()
+        items = body["events"] if isinstance(body, dict) and "events" in body else [body]
+        events = [_event(item) for item in items]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        return _error(400, f"invalid feedback: {e}")
+    kept = [e for e in events if e.generation_id.rsplit("/", 1)[0] not in state.opted_out]
+    state.counters["feedback_opted_out"] += len(events) - len(kept)
+    if not state.buffer.add_feedback(kept):
+        full = {"message": "feedback buffer full; retry with the same event_id", "type": "server_error"}
+        return JSONResponse({"error": full}, 503, headers={"retry-after": "1"})
+    state.counters["feedback_accepted"] += len(kept)
+    return JSONResponse({"accepted": len(kept), "dropped_opted_out": len(events) - len(kept)}, 202)
 
 
 def _event(item: Any) -> FeedbackEvent:

@@ -31,7 +31,7 @@ import tempfile
 from types import TracebackType
 
 from shipyard.config.schema import PostgresConfig
-from shipyard.envs.services.postgres import find_bin_dir, postgres_available, runs_as, traversable
+from shipyard.envs.services.postgres import find_bin_dir, postgres_available, run_pg, runs_as, traversable
 
 DATABASE = "shipyard"
 PORT = 5432
@@ -82,12 +82,7 @@ class LocalPostgres:
         return f"host={self.socket_dir} port={PORT} dbname={DATABASE} user={self.user.pw_name}"
 
     def _run(self, argv: list[str], what: str, timeout: float = 120.0) -> str:
-        res = subprocess.run(self._run_as + argv, capture_output=True, text=True, timeout=timeout, cwd="/")
-        if res.returncode != 0:
-            raise RuntimeError(
-                f"PostgreSQL {what} failed ({res.returncode}): {(res.stderr or res.stdout)[-800:]}"
-            )
-        return res.stdout
+        return run_pg(self._run_as, argv, what, timeout)
 
     def _initdb(self) -> None:
         tmp = f"{self.data}.init"

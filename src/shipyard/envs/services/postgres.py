@@ -191,6 +191,16 @@ def _reap_once(bin_dir: str, parent: str, run_as: tuple[str, ...]) -> int:
     return reap_stale(bin_dir, [parent], list(run_as))
 
 
+def run_pg(run_as: list[str], argv: list[str], what: str, timeout: float = 120.0) -> str:
+    """Run a PostgreSQL program as the server's user; its stdout, or RuntimeError with its tail."""
+    res = subprocess.run(run_as + argv, capture_output=True, text=True, timeout=timeout, cwd="/")
+    if res.returncode != 0:
+        raise RuntimeError(
+            f"PostgreSQL {what} failed ({res.returncode}): {(res.stderr or res.stdout)[-800:]}"
+        )
+    return res.stdout
+
+
 def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -275,12 +285,7 @@ class PostgresService:
             )
 
     def _run(self, argv: list[str], what: str, timeout: float = 120.0) -> str:
-        res = subprocess.run(self._run_as + argv, capture_output=True, text=True, timeout=timeout, cwd="/")
-        if res.returncode != 0:
-            raise RuntimeError(
-                f"PostgreSQL {what} failed ({res.returncode}): {(res.stderr or res.stdout)[-800:]}"
-            )
-        return res.stdout
+        return run_pg(self._run_as, argv, what, timeout)
 
     def _start(self) -> None:
         log = os.path.join(self.root, "server.log")
