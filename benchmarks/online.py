@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -105,6 +106,8 @@ class Bench:
         from shipyard.weights.publisher import named_params
 
         cfg, args = self.cfg, self.args
+        if (args.work / "pg" / "PG_VERSION").exists():  # a killed earlier run's server: stop it first
+            LocalPostgres(str(args.work / "pg"), cfg.services.postgres, start=False).close()
         shutil.rmtree(args.work, ignore_errors=True)
         args.work.mkdir(parents=True)
         self.pg = LocalPostgres(str(args.work / "pg"), cfg.services.postgres)
@@ -152,7 +155,7 @@ class Bench:
 
     # ---------------------------------------------------------------- serving
     def request(
-        self, user: Any, task: Any, seed: int, url: str, max_tokens: int | None = None
+        self, user: Any, task: Any, seed: int, url: str, max_tokens: int | None = None, store: bool = True
     ) -> httpx.Response:
         from shipyard.agent.session import first_message
 
@@ -171,6 +174,8 @@ class Bench:
         }
         if url == self.node.url:
             body.pop("metadata")
+        elif not store:
+            body["store"] = False
         return self.http.post(f"{url}/v1/chat/completions", json=body)
 
     def one_user_turn(self, i: int, cycle: int) -> float | None:
@@ -206,8 +211,18 @@ class Bench:
         outage = threading.Thread(target=self._outage, args=(db_down_s,), daemon=True) if db_down_s else None
         if outage is not None:
             outage.start()
-        with ThreadPoolExecutor(self.args.concurrency) as pool:
-            sats = [s for s in pool.map(lambda i: self.one_user_turn(i, cycle), range(n)) if s is not None]
+        from shipyard.metrics.progress import StepBar
+
+        def turn(i: int) -> float | None:
+            sat = self.one_user_turn(i, cycle)
+            bar.advance()
+            return sat
+
+        with (
+            StepBar(f"cycle {cycle}: serving", total=n, console=harness.console) as bar,
+            ThreadPoolExecutor(self.args.concurrency) as pool,
+        ):
+            sats = [s for s in pool.map(turn, range(n)) if s is not None]
         if outage is not None:
             outage.join()
         assert self.gateway.buffer.flush(120), "the gateway's buffer did not drain"
@@ -268,7 +283,8 @@ def overhead(bench: Bench, pairs: int) -> dict[str, float]:
         lat = {}
         for url in (bench.node.url, bench.gateway.url)[:: 1 if i % 2 == 0 else -1]:
             t0 = time.perf_counter()
-            bench.request(user, task, seed=i, url=url, max_tokens=1).raise_for_status()
+            # not stored: a one-token probe is no answer to train on
+            bench.request(user, task, seed=i, url=url, max_tokens=1, store=False).raise_for_status()
             lat[url] = time.perf_counter() - t0
         diffs.append(lat[bench.gateway.url] - lat[bench.node.url])
     q = statistics.quantiles([d * 1000 for d in diffs], n=100)
@@ -461,6 +477,7 @@ def _stored_events(bench: Bench) -> set[str]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stopped benchmark stops its servers
     p = harness.parser(__doc__)
     p.add_argument("--cycles", type=int, default=5)
     p.add_argument("--requests", type=int, default=None, help="served requests per cycle")
