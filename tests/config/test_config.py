@@ -45,11 +45,30 @@ def test_missing_file_and_bad_override_syntax(tmp_path: Path) -> None:
         load_config(None, ["trainer.lr"])
 
 
-def test_dry_run_output_round_trips(tmp_path: Path) -> None:
-    cfg = load_config(ROOT / "configs/demo.toml", ["trainer.steps=7"])
+@pytest.mark.parametrize("name", ["demo.toml", "online.toml"])  # online: a list of sections (gate suites)
+def test_dry_run_output_round_trips(tmp_path: Path, name: str) -> None:
+    cfg = load_config(ROOT / "configs" / name, ["trainer.steps=7"])
     p = tmp_path / "resolved.toml"
     p.write_text(to_toml(cfg))
     assert load_config(p) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("online.reward.weights={stars=1.0}", "unknown signal kind(s) ['stars']"),
+        (
+            "online.gate.suites=[{kind='heldout', target=true}, {kind='humaneval', target=true}]",
+            "at most one suite",
+        ),
+        ("online.gate.suites=[{kind='regression'}]", "needs path"),
+        ("eval.samples_per_task=0", "eval.samples_per_task"),
+    ],
+)
+def test_online_and_eval_fields_are_validated(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs/online.toml", [override])
+    assert needle in str(e.value)
 
 
 def test_config_and_cli_import_without_torch() -> None:
