@@ -20,7 +20,7 @@ gate the candidate, promote or reject. Also measured:
 - `dodge_reward_gap`: the reward model's expected reward of dodging answers (empty, a clarifying
   question, a cut-off code block) to the same requests, minus the honest answers' rewards.
 
-    python benchmarks/online.py            # SmolLM2, 5 cycles (~40 min on 2 cores)
+    python benchmarks/online.py            # SmolLM2, 5 cycles (~45 min on 2 cores)
     python benchmarks/online.py --quick    # the tiny model, 5 short cycles (~2 min): the wiring
 
 Writes `benchmarks/results/online.json` (`online_quick.json`).
@@ -32,6 +32,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -45,7 +46,7 @@ import torch
 import harness
 import online_users
 from shipyard.config.load import load_config
-from shipyard.config.schema import GateSuiteConfig, GatewayConfig, ShipyardConfig
+from shipyard.config.schema import GateSuiteConfig, ShipyardConfig
 from shipyard.envs.tasks.functions import SYSTEM_PROMPT
 from shipyard.envs.tasks.splits import task_splits
 from shipyard.eval.stats import paired_diff_ci
@@ -78,6 +79,66 @@ def _cfg(args: Any) -> ShipyardConfig:
     return load_config(ROOT / "configs" / "online.toml", over)
 
 
+class GatewayProcess:
+    """`shipyard online gateway` as its own process, as deployed (in the benchmark's process it would
+    share the interpreter lock with the inference server and the trainer)."""
+
+    def __init__(self, upstream: str, dsn: str, log: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "shipyard.cli",
+            "online",
+            "gateway",
+            str(ROOT / "configs" / "online.toml"),
+            f"online.gateway.upstream={upstream}",
+            f'online.db.dsn="{dsn}"',
+            f"online.gateway.port={port}",
+            "online.gateway.retry_s=0.2",
+            "online.gateway.retry_max_s=2.0",
+        ]
+        self.log = log.open("w")  # closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"the gateway did not start; see {log}")
+            time.sleep(0.2)
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/stats", timeout=10).json()
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.stats()["buffered"] == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        """SIGINT: the gateway stops serving and flushes its buffer, then exits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
 class Bench:
     """The running system of the benchmark (module doc)."""
 
@@ -96,7 +157,6 @@ class Bench:
         from shipyard.models.loading import load_model
         from shipyard.models.precision import engine_precision
         from shipyard.online.database import OnlineDB
-        from shipyard.online.gateway import Gateway
         from shipyard.online.postgres import LocalPostgres
         from shipyard.online.serving import ServingLine
         from shipyard.online.trainer import OnlineTrainer
@@ -123,8 +183,7 @@ class Bench:
         engine_precision(model, cfg.inference)  # the gate's engine serves as the servers do
         self.node = start_node(cfg, serving)
         self._closers.append(self.node.stop)
-        gw = GatewayConfig(upstream=self.node.url, port=0, retry_s=0.2, retry_max_s=2.0)
-        self.gateway = Gateway(gw, lambda: OnlineDB(self.pg.dsn, 2.0)).start()
+        self.gateway = GatewayProcess(self.node.url, self.pg.dsn, args.work / "gateway.log")
         self._closers.append(self.gateway.stop)
         self.trainer = OnlineTrainer(cfg, self.db, candidates, args.work / "run", self.line.current)
         self.gate_engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch)
@@ -225,7 +284,7 @@ class Bench:
             sats = [s for s in pool.map(turn, range(n)) if s is not None]
         if outage is not None:
             outage.join()
-        assert self.gateway.buffer.flush(120), "the gateway's buffer did not drain"
+        assert self.gateway.flush(120), "the gateway's buffer did not drain"
         return sats
 
     def _outage(self, seconds: float) -> None:
@@ -497,9 +556,9 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted config overrides")
     args = p.parse_args()
     q = args.quick
-    args.requests = args.requests or (16 if q else 64)
+    args.requests = args.requests or (16 if q else 96)
     args.pool = args.pool or (12 if q else 48)
-    args.final_n = args.final_n or (6 if q else 60)
+    args.final_n = args.final_n or (6 if q else 100)
     args.overhead_pairs = args.overhead_pairs or (20 if q else 100)
     if q:
         args.db_down_s = min(args.db_down_s, 5.0)
