@@ -279,6 +279,9 @@ class UvicornThread:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: a response's body, written after its headers, must not
+        # wait for the client's delayed ACK (Nagle's algorithm: +40 ms on every request, measured)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))
         self._sock, self.port = sock, sock.getsockname()[1]
         config = uvicorn.Config(

@@ -178,6 +178,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     the server's loop accepts them (port 0 picks a free port)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited: no 40 ms Nagle stalls
     try:
         sock.bind((host, port))
     except OSError as e:

@@ -160,6 +160,7 @@ class VersionFeed:
 def _handler(feed: VersionFeed) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # the body follows the headers at once, not after a delayed ACK
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             url = urllib.parse.urlparse(self.path)
