@@ -75,11 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "view":
         return _view(args)
-    if args.command == "online" and args.config.isdigit():  # `shipyard online rollback 3 CONFIG ...`
-        if not args.overrides:
-            print(f"shipyard online {args.action}: give the config after the version", file=sys.stderr)
-            return 2
-        args.version, args.config = int(args.config), args.overrides.pop(0)
+    if args.command == "online" and not _version_first(args):
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -134,6 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         serve(cfg)
     return 0
+
+
+def _version_first(args: argparse.Namespace) -> bool:
+    """``shipyard online rollback 3 CONFIG ...``: the version may come before the config."""
+    if args.config.isdigit():
+        if not args.overrides:
+            print(f"shipyard online {args.action}: give the config after the version", file=sys.stderr)
+            return False
+        args.version, args.config = int(args.config), args.overrides.pop(0)
+    return True
 
 
 def _online(cfg: ShipyardConfig, args: argparse.Namespace) -> int:
