@@ -130,3 +130,59 @@ def test_many_seeded_long_prompts_at_once(vllm: VllmClient, policy) -> None:
     results = vllm.generate(reqs)
     assert all(len(r.token_ids) > 0 for r in results)
     assert vllm.generate(reqs[:1])[0].token_ids == results[0].token_ids  # seeded: same sample again
+
+
+def test_the_online_gateway_logs_vllm_answers_token_exact(vllm: VllmClient, policy, tmp_path: Path) -> None:
+    """The gateway in front of vLLM (`online.gateway.upstream_kind = "vllm"`): it asks for token ids
+    and logprobs, logs them with the served version, and returns the answer without them."""
+    import json
+    import os
+    import tempfile
+
+    import httpx
+
+    from shipyard.config.schema import GatewayConfig
+    from shipyard.envs.services.postgres import postgres_available
+    from shipyard.online.database import OnlineDB
+    from shipyard.online.gateway import Gateway
+    from shipyard.online.postgres import LocalPostgres
+
+    if postgres_available() is not None:
+        pytest.skip(str(postgres_available()))
+    _, tok = policy
+    root = tempfile.mkdtemp(prefix="shipyard-gw-vllm-")
+    os.chmod(root, 0o755)
+    msgs = [{"role": "user", "content": "Write a function add(a, b)."}]
+    body = {"model": "smollm2", "messages": msgs, "max_tokens": 12, "temperature": 0.7, "seed": 3}
+    with LocalPostgres(os.path.join(root, "pg")) as pg:
+        db = OnlineDB(pg.dsn)
+        db.migrate()
+        cfg = GatewayConfig(upstream=vllm.url, upstream_kind="vllm", port=0)
+        with Gateway(cfg, lambda: OnlineDB(pg.dsn)) as gw:
+            plain = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=300)
+            lines = httpx.post(
+                f"{gw.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300
+            ).text
+            assert gw.buffer.flush(30)
+        assert plain.status_code == 200
+        answer = plain.json()
+        assert answer.get("prompt_token_ids") is None and "shipyard" not in answer  # the client did not ask
+        assert answer["choices"][0].get("logprobs") is None and answer["choices"][0].get("token_ids") is None
+        chunks = [json.loads(x[6:]) for x in lines.splitlines() if x.startswith("data: {")]
+        assert chunks and all(
+            c.get("prompt_token_ids") is None and (c["choices"] or [{}])[0].get("token_ids") is None
+            for c in chunks
+        )
+        with db.conn.cursor() as cur:
+            cur.execute(
+                "SELECT request_id, prompt_ids, token_ids, logprobs, versions, completion FROM generations"
+            )
+            rows = {r[0]: r for r in cur.fetchall()}
+        db.close()
+    prompt = _prompt(tok, msgs[0]["content"])
+    row = rows[answer["id"]]
+    assert row[1] == prompt and 1 <= len(row[2]) == len(row[3]) <= 12 and row[4] == [0] * len(row[2])
+    assert row[5] == answer["choices"][0]["message"]["content"]
+    assert all(lp <= 0 for lp in row[3])
+    streamed = rows[chunks[0]["id"]]
+    assert streamed[1] == prompt and len(streamed[2]) == len(streamed[3]) >= 1

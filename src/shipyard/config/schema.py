@@ -776,6 +776,11 @@ class GatewayConfig(_Section):
     upstream: str = ""
     """Base URL of the inference backend the gateway forwards to (a `shipyard serve` or vLLM server,
     without `/v1`), e.g. `http://127.0.0.1:8000`. Required by `shipyard online gateway`."""
+    upstream_kind: Literal["shipyard", "vllm"] = "shipyard"
+    """What the upstream is: `shipyard` (Shipyard's server: each answer carries its token-exact
+    record) or `vllm` (a vLLM OpenAI server: the gateway also asks for `logprobs` and
+    `return_token_ids`, removes them from the answer unless the client asked, and reads the weight
+    version from `GET /weight_info` before and after the request)."""
     host: str = "127.0.0.1"
     """Interface the gateway listens on."""
     port: int = Field(8700, ge=0, le=65535)

@@ -26,8 +26,13 @@ Contract (:func:`create_gateway_app`, served by :class:`Gateway`):
 Upstream failures keep OpenAI's error shape: the upstream's own error passes through with its
 status; an unreachable upstream is 502, a slow one 504.
 
-Limits: the log needs the upstream's ``shipyard`` extension (Shipyard's server; vLLM's
-OpenAI server does not report per-token weight versions). One gateway process holds its buffer in
+Upstreams (``online.gateway.upstream_kind``): Shipyard's server (its answers carry the
+``shipyard`` extensions) or a vLLM OpenAI server, asked for ``logprobs`` and ``return_token_ids``
+(removed from the answer unless the client asked) with the weight version read from
+``GET /weight_info`` before the request (a version change during it is counted in
+``version_changed``: vLLM's chat route does not say where it fell).
+
+Limits: one gateway process holds its buffer in
 memory: what is buffered when it is killed hard is lost, and counted nowhere (stop it with SIGTERM,
 which flushes).
 """
@@ -111,6 +116,8 @@ def create_gateway_app(cfg: GatewayConfig, buffer: LogBuffer, client: httpx.Asyn
         session = str(meta.get("session_id") or request.headers.get("x-shipyard-session") or "")
         forward = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
         ctx = _Ctx(state, forward, session, store)
+        if cfg.upstream_kind == "vllm" and store:
+            await ctx.ask_vllm(client)
         if forward.get("stream"):
             return await _proxy_stream(client, ctx)
         return await _proxy_json(client, ctx)
@@ -155,6 +162,19 @@ async def _feedback(request: Request, state: _State) -> Response:
     return JSONResponse({"accepted": len(kept), "dropped_opted_out": len(events) - len(kept)}, 202)
 
 
+async def _vllm_version(client: httpx.AsyncClient) -> int | None:
+    """The weight version a vLLM server serves (Shipyard labels it; vLLM's ``default`` is 0); None
+    when it does not say (a server without ``VLLM_SERVER_DEV_MODE``): the answer is then unlogged."""
+    from shipyard.inference.vllm_server import label_version
+
+    try:
+        resp = await client.get("/weight_info")
+        resp.raise_for_status()
+        return label_version(resp.json().get("weight_version"))
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def _event(item: Any) -> FeedbackEvent:
     """A feedback event from JSON; ``request_id`` (+ ``choice``) may stand for ``generation_id``."""
     if not isinstance(item, dict):
@@ -173,6 +193,56 @@ class _Ctx:
     def __init__(self, state: _State, forward: dict[str, Any], session: str, store: bool) -> None:
         self.state, self.forward, self.session, self.store = state, forward, session, store
         self.t0 = time.perf_counter()
+        self.vllm = False
+        self.vllm_version: int | None = None
+        self.strip: set[str] = set()
+
+    async def ask_vllm(self, client: httpx.AsyncClient) -> None:
+        """A vLLM upstream: ask for token ids and logprobs (to strip later if the client did not),
+        and note the served weight version."""
+        self.vllm = True
+        for name in ("logprobs", "return_token_ids"):
+            if not self.forward.get(name):
+                self.forward[name] = True
+                self.strip.add(name)
+        self.vllm_version = await _vllm_version(client)
+
+    async def vllm_extensions(
+        self, client: httpx.AsyncClient, data: dict[str, Any], choices: list[dict[str, Any]]
+    ) -> None:
+        """Give a vLLM answer Shipyard's ``shipyard`` extensions (the version of every token is the
+        one served before the request; a request the version changed under is counted in
+        ``version_changed``: vLLM's chat route does not say where)."""
+        after = await _vllm_version(client)
+        version = self.vllm_version if self.vllm_version is not None else after
+        if after != version:
+            self.state.counters["version_changed"] += 1
+        data["shipyard"] = {"prompt_token_ids": data.get("prompt_token_ids")}
+        for c in choices:
+            ids = c.get("token_ids") or []
+            lps = [float(e["logprob"]) for e in ((c.get("logprobs") or {}).get("content") or [])]
+            c["shipyard"] = (
+                {"token_ids": ids, "logprobs": lps, "versions": [version] * len(ids)}
+                if len(lps) == len(ids)
+                else None
+            )
+
+    def stripped(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` as vLLM answers a client that did not ask for token ids or logprobs (the fields
+        it asked for are null again), without the gateway's ``shipyard`` extensions."""
+        ids = "return_token_ids" in self.strip
+        out = {k: v for k, v in data.items() if k != "shipyard"}
+        if ids and "prompt_token_ids" in out:
+            out["prompt_token_ids"] = None
+        choices = []
+        for c in data.get("choices") or []:
+            c = {k: v for k, v in c.items() if k != "shipyard"}
+            if ids and "token_ids" in c:
+                c["token_ids"] = None
+            if "logprobs" in self.strip:
+                c["logprobs"] = None
+            choices.append(c)
+        return {**out, "choices": choices}
 
     def headers(self, request_id: str) -> dict[str, str]:
         return {"x-shipyard-request-id": request_id, "x-shipyard-stored": "true" if self.store else "false"}
@@ -230,8 +300,12 @@ async def _proxy_json(client: httpx.AsyncClient, ctx: _Ctx) -> Response:
     data = resp.json()
     rid = str(data.get("id", ""))
     choices = [{**c, "text": (c.get("message") or {}).get("content") or ""} for c in data.get("choices", [])]
+    if ctx.vllm:
+        await ctx.vllm_extensions(client, data, choices)
     ctx.log(rid, str(data.get("model", "")), (data.get("shipyard") or {}).get("prompt_token_ids"), choices)
-    return Response(resp.content, 200, media_type="application/json", headers=ctx.headers(rid))
+    if not ctx.vllm:
+        return Response(resp.content, 200, media_type="application/json", headers=ctx.headers(rid))
+    return JSONResponse(ctx.stripped(data), 200, headers=ctx.headers(rid))
 
 
 async def _proxy_stream(client: httpx.AsyncClient, ctx: _Ctx) -> Response:
@@ -247,12 +321,11 @@ async def _proxy_stream(client: httpx.AsyncClient, ctx: _Ctx) -> Response:
         await resp.aclose()
         ctx.state.counters["upstream_errors"] += 1
         return Response(content, resp.status_code, media_type="application/json")
-    seen = _StreamLog()
+    seen = _StreamLog(ctx)
     lines = resp.aiter_lines()
     head: list[str] = []
     async for line in lines:  # up to the first chunk: it names the request, for the header
-        seen.add(line)
-        head.append(line)
+        head.append(seen.add(line))
         if seen.request_id or seen.done:
             break
 
@@ -261,41 +334,51 @@ async def _proxy_stream(client: httpx.AsyncClient, ctx: _Ctx) -> Response:
             for line in head:
                 yield (line + "\n").encode()
             async for line in lines:
-                seen.add(line)
-                yield (line + "\n").encode()
+                yield (seen.add(line) + "\n").encode()
         finally:
             await resp.aclose()
             if seen.done:
-                ctx.log(seen.request_id, seen.model, seen.prompt_ids, seen.choices())
+                choices = seen.choices()
+                if ctx.vllm:
+                    data = {"prompt_token_ids": seen.prompt_ids}
+                    await ctx.vllm_extensions(client, data, choices)
+                ctx.log(seen.request_id, seen.model, seen.prompt_ids, choices)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers=ctx.headers(seen.request_id))
 
 
 class _StreamLog:
-    """What a streamed answer says about itself: its id, text per choice, and the extensions."""
+    """What a streamed answer says about itself: its id, text per choice, and the extensions
+    (Shipyard's, or vLLM's token ids and logprobs, which it strips when the client did not ask)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: _Ctx) -> None:
+        self.ctx = ctx
         self.request_id, self.model, self.done = "", "", False
         self.prompt_ids: list[int] | None = None
         self.text: dict[int, list[str]] = collections.defaultdict(list)
         self.ext: dict[int, dict[str, Any]] = {}
         self.finish: dict[int, str] = {}
+        self.ids: dict[int, list[int]] = collections.defaultdict(list)
+        self.lps: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
 
-    def add(self, line: str) -> None:
+    def add(self, line: str) -> str:
+        """Note what ``line`` says; returns the line to send on."""
         if not line.startswith("data: "):
-            return
+            return line
         payload = line[6:]
         if payload == "[DONE]":
             self.done = True
-            return
+            return line
         try:
             chunk = json.loads(payload)
         except json.JSONDecodeError:
-            return
+            return line
         self.request_id = self.request_id or str(chunk.get("id", ""))
         self.model = self.model or str(chunk.get("model", ""))
         if (ext := chunk.get("shipyard")) is not None:
             self.prompt_ids = ext.get("prompt_token_ids")
+        if chunk.get("prompt_token_ids") is not None:  # vLLM, first chunk
+            self.prompt_ids = chunk["prompt_token_ids"]
         for c in chunk.get("choices") or []:
             i = int(c.get("index", 0))
             self.text[i].append((c.get("delta") or {}).get("content") or "")
@@ -303,14 +386,21 @@ class _StreamLog:
                 self.finish[i] = c["finish_reason"]
             if c.get("shipyard") is not None:
                 self.ext[i] = c["shipyard"]
+            self.ids[i] += c.get("token_ids") or []
+            self.lps[i] += (c.get("logprobs") or {}).get("content") or []
+        if not self.ctx.strip:
+            return line
+        return "data: " + json.dumps(self.ctx.stripped(chunk), separators=(",", ":"))
 
     def choices(self) -> list[dict[str, Any]]:
-        n = max([*self.text, *self.ext], default=-1) + 1
+        n = max([*self.text, *self.ext, *self.ids], default=-1) + 1
         return [
             {
                 "text": "".join(self.text.get(i, [])),
                 "finish_reason": self.finish.get(i, ""),
                 "shipyard": self.ext.get(i),
+                "token_ids": self.ids.get(i, []),
+                "logprobs": {"content": self.lps.get(i, [])},
             }
             for i in range(n)
         ]
