@@ -329,20 +329,28 @@ async def _proxy_stream(client: httpx.AsyncClient, ctx: _Ctx) -> Response:
         if seen.request_id or seen.done:
             break
 
+    async def log() -> None:
+        choices = seen.choices()
+        if ctx.vllm:
+            await ctx.vllm_extensions(client, {"prompt_token_ids": seen.prompt_ids}, choices)
+        ctx.log(seen.request_id, seen.model, seen.prompt_ids, choices)
+
     async def body() -> AsyncIterator[bytes]:
+        logged = False
         try:
             for line in head:
+                if seen.done and not logged:  # logged before the client sees [DONE]
+                    await log()
+                    logged = True
                 yield (line + "\n").encode()
             async for line in lines:
-                yield (seen.add(line) + "\n").encode()
+                out = seen.add(line)
+                if seen.done and not logged:
+                    await log()
+                    logged = True
+                yield (out + "\n").encode()
         finally:
             await resp.aclose()
-            if seen.done:
-                choices = seen.choices()
-                if ctx.vllm:
-                    data = {"prompt_token_ids": seen.prompt_ids}
-                    await ctx.vllm_extensions(client, data, choices)
-                ctx.log(seen.request_id, seen.model, seen.prompt_ids, choices)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers=ctx.headers(seen.request_id))
 
