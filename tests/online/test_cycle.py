@@ -220,3 +220,12 @@ def test_cli_status_and_rollback(
     assert '"serving_version": 2' in out and '"action": "rollback"' in out
     assert main(["online", "rollback", *args]) == 2  # no version
     assert "needs a VERSION" in capsys.readouterr().err
+
+
+def test_a_candidate_is_due_by_time_as_well_as_by_steps(db: OnlineDB, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "online.trainer.candidate_every=1000", "online.trainer.candidate_every_s=0.001")
+    trainer = OnlineTrainer(cfg, db, LocalStore(tmp_path / "candidates"), tmp_path / "run", lambda: 0)
+    _serve_and_log(db, EmbeddedEngine(*load_model(cfg.model), max_batch=4), 0, 4, time.time() - 100)
+    time.sleep(0.01)
+    m = trainer.step()
+    assert m is not None and m["online/candidate"] == 1 and trainer.publisher.has(1)

@@ -230,3 +230,28 @@ def test_matured_rewards_in_order_retention_and_export(db: OnlineDB, tmp_path: P
     )
     assert db.retain(days=7050 / 86400, now=now) == {"generations": 2, "feedback": 0}
     assert db.counts()["generations"] == 2 and db.counts()["matured"] == 1  # rewards go with their generation
+
+
+def test_a_full_buffer_drops_the_oldest_generation_counted_never_feedback(
+    served: tuple[Any, InferenceServer], db: OnlineDB, pg: LocalPostgres
+) -> None:
+    db.close()
+    pg.stop("immediate")
+    cfg = GatewayConfig(upstream=served[1].url, port=0, buffer_max=3, retry_s=0.1, retry_max_s=0.2)
+    with Gateway(cfg, lambda: OnlineDB(pg.dsn, connect_timeout_s=1)) as gw, _oai(gw) as client:
+        ids = [client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2).id for _ in range(5)]
+        assert gw.stats()["dropped_overflow"] == 2 and gw.stats()["buffered"] == 3  # counted, never silent
+        events = [{"event_id": f"f{i}", "kind": "thumb", "value": 1, "request_id": ids[i]} for i in range(3)]
+        ok = httpx.post(f"{gw.url}/v1/feedback", json={"events": events})
+        assert ok.status_code == 202  # feedback pushes generation records out, not the other way round
+        assert gw.stats()["dropped_overflow"] == 5 and gw.stats()["buffered"] == 3
+        more = httpx.post(
+            f"{gw.url}/v1/feedback",
+            json={"event_id": "f9", "kind": "thumb", "value": -1, "request_id": ids[4]},
+        )
+        assert more.status_code == 503 and more.headers["retry-after"] == "1"  # full of feedback: retry later
+        pg.start()
+        assert gw.buffer.flush(60)
+    back = OnlineDB(pg.dsn)
+    assert _rows(back, "SELECT event_id FROM feedback ORDER BY event_id") == [("f0",), ("f1",), ("f2",)]
+    back.close()

@@ -876,6 +876,9 @@ class OnlineTrainerConfig(_Section):
     """Divide the step's advantages by their standard deviation (plus `trainer.loss.std_eps`) or not."""
     candidate_every: int = Field(4, ge=1)
     """Steps between candidate versions handed to the gate."""
+    candidate_every_s: float | None = Field(None, gt=0)
+    """Also hand a candidate to the gate when this many seconds passed since the last one (and at
+    least one step was taken since); none: by steps only."""
     on_reject: Literal["continue", "reset"] = "continue"
     """After the gate rejects a candidate: `continue` training from it (the next candidate is gated
     against the serving version again; nothing unapproved is ever served) or `reset` to the serving

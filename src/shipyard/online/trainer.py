@@ -17,7 +17,8 @@ Contract, per :meth:`OnlineTrainer.step`:
 5. checkpoint (weights, optimizer, cursor, baselines) atomically, so a restarted trainer resumes at
    the same cursor and never trains on a generation twice; every ``candidate_every`` steps publish
    the weights as candidate version ``step`` to the candidate store (never followed by servers:
-   the gate decides, :mod:`shipyard.online.gate`).
+   the gate decides, :mod:`shipyard.online.gate`), and also after a step that comes
+   ``candidate_every_s`` seconds or more after the last candidate.
 
 Shape legend: no tensors here; the step's tensors live in :mod:`shipyard.trainer.step`.
 
@@ -141,6 +142,7 @@ class OnlineTrainer:
         }
         self.baselines = Baselines(self.ocfg, self.state["baselines"])
         self.publisher = make_publisher(cfg, candidates, with_feed=False)
+        self.last_candidate_at = time.time()
 
     @property
     def steps(self) -> int:
@@ -202,13 +204,19 @@ class OnlineTrainer:
             self.state,
             self.cfg.trainer.keep_checkpoints,
         )
-        if step % self.ocfg.candidate_every == 0:
+        if self._candidate_due(step):
             metrics["online/candidate"] = float(self.publish_candidate(step))
         return {"step": float(step), **metrics}
+
+    def _candidate_due(self, step: int) -> bool:
+        every_s = self.ocfg.candidate_every_s
+        late = every_s is not None and time.time() - self.last_candidate_at >= every_s
+        return step % self.ocfg.candidate_every == 0 or late
 
     def publish_candidate(self, version: int) -> int:
         from shipyard.weights.publisher import named_params
 
+        self.last_candidate_at = time.time()
         self.publisher.publish(
             version, named_params(self.policy.model), extra={"online_cursor": self.state["cursor"]}
         )
