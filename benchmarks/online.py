@@ -20,7 +20,7 @@ gate the candidate, promote or reject. Also measured:
 - `dodge_reward_gap`: the reward model's expected reward of dodging answers (empty, a clarifying
   question, a cut-off code block) to the same requests, minus the honest answers' rewards.
 
-    python benchmarks/online.py            # SmolLM2, 5 cycles (~45 min on 2 cores)
+    python benchmarks/online.py            # SmolLM2, 5 cycles (31 min on 2 cores)
     python benchmarks/online.py --quick    # the tiny model, 5 short cycles (~2 min): the wiring
 
 Writes `benchmarks/results/online.json` (`online_quick.json`).
