@@ -226,6 +226,6 @@ def test_a_candidate_is_due_by_time_as_well_as_by_steps(db: OnlineDB, tmp_path: 
     cfg = _cfg(tmp_path, "online.trainer.candidate_every=1000", "online.trainer.candidate_every_s=0.001")
     trainer = OnlineTrainer(cfg, db, LocalStore(tmp_path / "candidates"), tmp_path / "run", lambda: 0)
     _serve_and_log(db, EmbeddedEngine(*load_model(cfg.model), max_batch=4), 0, 4, time.time() - 100)
-    time.sleep(0.01)
+    trainer.last_candidate_at -= 1.0  # the last candidate was a second ago
     m = trainer.step()
     assert m is not None and m["online/candidate"] == 1 and trainer.publisher.has(1)

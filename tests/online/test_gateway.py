@@ -160,7 +160,7 @@ def test_database_down_loses_nothing(gateway: Gateway, db: OnlineDB, pg: LocalPo
             resp = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, seed=i)
             ids.append(resp.id)
             fb.thumb(f"{resp.id}/0", up=i % 2 == 0)
-    time.sleep(0.5)
+    assert gateway.buffer.wait(lambda s: s.get("write_errors", 0) >= 1, 30)  # the writer tried and failed
     stats = gateway.stats()
     assert stats["buffered"] == 8 and stats["write_errors"] >= 1 and stats.get("dropped_overflow", 0) == 0
     pg.start()

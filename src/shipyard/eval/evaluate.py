@@ -92,14 +92,15 @@ def evaluate(
     with ThreadPoolExecutor(concurrency, thread_name_prefix="eval") as pool:
         trajs = list(pool.map(one, jobs))
     per_task = [trajs[i :: len(tasks)] for i in range(len(tasks))]
+    outcomes = [[int(tr.reward >= 1.0 and tr.error is None) for tr in ts] for ts in per_task]
     flagged = {"flagged": float(sum(bool(tr.flags) for tr in trajs))} if env is not None else {}
     return EvalResult(
         task_ids=[t.id for t in tasks],
-        passed=[_mean([float(tr.reward >= 1.0 and tr.error is None) for tr in ts]) for ts in per_task],
+        passed=[_mean(o) for o in outcomes],
         rewards=[_mean([tr.reward for tr in ts]) for ts in per_task],
         errors=sum(tr.error is not None for tr in trajs),
         samples=samples,
-        sample_passed=[[int(tr.reward >= 1.0 and tr.error is None) for tr in ts] for ts in per_task],
+        sample_passed=outcomes,
         extra={
             "turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1),
             **_session_means(trajs),
@@ -108,7 +109,7 @@ def evaluate(
     )
 
 
-def _mean(xs: list[float]) -> float:
+def _mean(xs: list[float] | list[int]) -> float:
     """Mean of one task's samples; exact for one sample (its 0/1 outcome stays 0.0 or 1.0)."""
     return sum(xs) / len(xs)
 

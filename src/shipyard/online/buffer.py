@@ -20,6 +20,7 @@ loses nothing while the buffer holds. The buffer holds at most ``buffer_max`` re
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -55,10 +56,10 @@ class LogBuffer:
                     self._gens.popleft()
                 self.counters["dropped_overflow"] += 1
                 if self._size() >= self.cfg.buffer_max:  # all feedback: the new record cannot fit
-                    self._cond.notify()
+                    self._cond.notify_all()
                     return
             self._gens.append(record)
-            self._cond.notify()
+            self._cond.notify_all()  # all: the writer and anyone in wait()
 
     def add_feedback(self, events: list[FeedbackEvent]) -> bool:
         """Buffer ``events`` (all or none); False when they do not fit (the caller retries later)."""
@@ -71,13 +72,13 @@ class LogBuffer:
                 self._gens.popleft()  # feedback outranks a generation record
                 self.counters["dropped_overflow"] += 1
             self._feedback.extend(events)
-            self._cond.notify()
+            self._cond.notify_all()
             return True
 
     def _take(self) -> tuple[list[GenerationRecord], list[FeedbackEvent]]:
         n = self.cfg.batch_max
-        gens = [self._gens[i] for i in range(min(n, len(self._gens)))]
-        fb = [self._feedback[i] for i in range(min(n - len(gens), len(self._feedback)))]
+        gens = list(itertools.islice(self._gens, n))
+        fb = list(itertools.islice(self._feedback, n - len(gens)))
         return gens, fb
 
     def _run(self) -> None:
@@ -93,20 +94,22 @@ class LogBuffer:
                 new = self._write(gens, fb)
             except Exception as e:  # the database is down or refused: keep the batch, retry
                 self._sink = None
-                self.counters["write_errors"] += 1
-                self.last_error = f"{type(e).__name__}: {e}"[:500]
                 with self._cond:
+                    self.counters["write_errors"] += 1
+                    self.last_error = f"{type(e).__name__}: {e}"[:500]
+                    self._cond.notify_all()
                     if self._closing and self._close_deadline < time.time():
                         return
-                    self._cond.wait(delay)
+                time.sleep(delay)  # new records do not shorten the backoff
                 delay = min(delay * 2, self.cfg.retry_max_s)
                 continue
             delay = self.cfg.retry_s
             with self._cond:
                 self._drop_written(gens, fb)
-            self.counters["written_generations"] += len(gens)
-            self.counters["written_feedback"] += new
-            self.counters["duplicate_feedback"] += len(fb) - new
+                self.counters["written_generations"] += len(gens)
+                self.counters["written_feedback"] += new
+                self.counters["duplicate_feedback"] += len(fb) - new
+                self._cond.notify_all()
 
     def _write(self, gens: list[GenerationRecord], fb: list[FeedbackEvent]) -> int:
         if self._sink is None:
@@ -128,30 +131,29 @@ class LogBuffer:
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            buffered = self._size()
-        return {
-            **self.counters,
-            "buffered": buffered,
-            "last_error": self.last_error,
-            "sink_up": self._sink is not None,
-        }
+            return {
+                **self.counters,
+                "buffered": self._size(),
+                "last_error": self.last_error,
+                "sink_up": self._sink is not None,
+            }
+
+    def wait(self, until: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> bool:
+        """Wait until ``until(stats())`` holds (checked whenever the buffer or its counters change);
+        False if ``timeout_s`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: until(self.stats()), timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything buffered so far is written; False if ``timeout_s`` passed first."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            with self._cond:
-                if not self._size():
-                    return True
-            time.sleep(0.02)
-        return False
+        return self.wait(lambda s: s["buffered"] == 0, timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> int:
         """Flush for up to ``timeout_s``, stop the writer; returns the records left unwritten."""
         self._close_deadline = time.time() + timeout_s
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout_s + 1)
         with self._cond:
             left = self._size()

@@ -30,6 +30,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,11 +112,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
 ]
 """(version, what, SQL) in order; a released migration is never edited, a new one is appended."""
 
-_GEN_COLS = (
-    "generation_id, request_id, session_id, user_hash, created_at, model, weight_version, prompt_key, "
-    "prompt_ids, token_ids, logprobs, versions, finish_reason, latency_ms, messages, completion, "
-    "temperature"
-)
+_GEN_NAMES = ["generation_id", "request_id", "session_id", "user_hash", "created_at", "model", "weight_version", "prompt_key", "prompt_ids", "token_ids", "logprobs", "versions", "finish_reason", "latency_ms", "messages", "completion", "temperature"]
+_GEN_COLS = ", ".join(_GEN_NAMES)
+_GEN_COLS_G = ", ".join(f"g.{c}" for c in _GEN_NAMES)  # the same, of the alias ``g``
 _LOCK_KEY = 0x5348495059  # advisory lock of the migrations ("SHIPY")
 
 
@@ -124,9 +123,7 @@ def prompt_key(prompt_ids: list[int]) -> str:
     return hashlib.blake2b(json.dumps(prompt_ids).encode(), digest_size=12).hexdigest()
 
 
-def _ts(t: float) -> Any:
-    from datetime import UTC, datetime
-
+def _ts(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
@@ -197,32 +194,41 @@ class OnlineDB:
             )
             for r in records
         ]
-        marks = ", ".join(["%s"] * 17)
+        marks = ", ".join(["%s"] * len(_GEN_NAMES))
         with self.conn.transaction(), self.conn.cursor() as cur:
             cur.executemany(
                 f"INSERT INTO generations ({_GEN_COLS}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
             )
 
     def write_feedback(self, events: list[FeedbackEvent]) -> int:
+        if not events:
+            return 0
+        rows = [
+            (
+                e.event_id,
+                e.kind,
+                e.value,
+                e.generation_id,
+                e.session_id,
+                _ts(e.occurred_at or e.received_at),
+                _ts(e.received_at or time.time()),
+                Jsonb(e.detail),
+            )
+            for e in events
+        ]
         new = 0
         with self.conn.transaction(), self.conn.cursor() as cur:
-            for e in events:
-                cur.execute(
-                    "INSERT INTO feedback (event_id, kind, value, generation_id, session_id, occurred_at, "
-                    "received_at, detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
-                    (
-                        e.event_id,
-                        e.kind,
-                        e.value,
-                        e.generation_id,
-                        e.session_id,
-                        _ts(e.occurred_at or e.received_at),
-                        _ts(e.received_at or time.time()),
-                        Jsonb(e.detail),
-                    ),
-                )
+            cur.executemany(  # one round trip; a result set per event, empty when it was a repeat
+                "INSERT INTO feedback (event_id, kind, value, generation_id, session_id, occurred_at, "
+                "received_at, detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+                rows,
+                returning=True,
+            )
+            while True:
                 new += cur.fetchone() is not None
+                if not cur.nextset():
+                    break
         return new
 
     # ------------------------------------------------------------------ rewards
@@ -283,7 +289,7 @@ class OnlineDB:
         with self.conn.cursor() as cur:
             cur.execute(
                 f"SELECT r.seq, r.reward, r.breakdown, extract(epoch FROM r.matured_at), "
-                f"{', '.join('g.' + c.strip() for c in _GEN_COLS.split(','))} FROM rewards r "
+                f"{_GEN_COLS_G} FROM rewards r "
                 "JOIN generations g USING (generation_id) WHERE r.seq > %s AND r.reward IS NOT NULL "
                 "ORDER BY r.seq LIMIT %s",
                 (after_seq, limit),
@@ -327,7 +333,7 @@ class OnlineDB:
     def _joined(self, since: float) -> Iterator[dict[str, Any]]:
         with self.conn.transaction(), self.conn.cursor(name="export") as cur:  # server-side: streams
             cur.execute(
-                f"SELECT {', '.join('g.' + c.strip() for c in _GEN_COLS.split(','))}, r.reward, r.breakdown, "
+                f"SELECT {_GEN_COLS_G}, r.reward, r.breakdown, "
                 "(SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', f.event_id, 'kind', f.kind, "
                 "'value', f.value, 'occurred_at', extract(epoch FROM f.occurred_at)) ORDER BY f.occurred_at), "
                 "'[]'::jsonb) FROM feedback f WHERE f.generation_id = g.generation_id) "
@@ -335,9 +341,15 @@ class OnlineDB:
                 "WHERE g.created_at > %s ORDER BY g.created_at",
                 (_ts(since),),
             )
+            n = len(_GEN_NAMES)
             for row in cur:
-                rec = _record(row[:17]).to_json()
-                yield {**rec, "reward": row[17], "reward_breakdown": row[18], "feedback": row[19]}
+                reward, breakdown, feedback = row[n:]
+                yield {
+                    **_record(row[:n]).to_json(),
+                    "reward": reward,
+                    "reward_breakdown": breakdown,
+                    "feedback": feedback,
+                }
 
 
 def _record(row: Any) -> GenerationRecord:

@@ -261,6 +261,7 @@ class _Ctx:
             self.state.counters["unlogged"] += 1
             return
         latency = (time.perf_counter() - self.t0) * 1000
+        user = self.state.user_hash(self.forward.get("user"))
         for i, c in enumerate(choices):
             ext = c["shipyard"]
             self.state.buffer.add_generation(
@@ -268,7 +269,7 @@ class _Ctx:
                     generation_id=f"{request_id}/{i}",
                     request_id=request_id,
                     session_id=self.session,
-                    user_hash=self.state.user_hash(self.forward.get("user")),
+                    user_hash=user,
                     created_at=time.time(),
                     model=model,
                     weight_version=int(ext["versions"][0]) if ext["versions"] else -1,

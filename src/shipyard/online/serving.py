@@ -47,7 +47,10 @@ class ServingLine:
         return -1 if v is None else v
 
     def publish(self, weights: dict[str, Any], extra: dict[str, Any]) -> int:
-        version = self.current() + 1
+        """Publish ``weights`` as the next serving version; returns it."""
+        return self._publish(self.current() + 1, weights, extra)
+
+    def _publish(self, version: int, weights: dict[str, Any], extra: dict[str, Any]) -> int:
         self.publisher.publish(version, weights, extra=extra)
         return version
 
@@ -57,12 +60,14 @@ class ServingLine:
 
         return load_version(self.store, version)
 
-    def _record(self, action: str, candidate: int | None, after: int | None, evidence: dict[str, Any]) -> int:
+    def _record(
+        self, action: str, candidate: int | None, before: int, after: int | None, evidence: dict[str, Any]
+    ) -> int:
         with self.db.conn.cursor() as cur:
             cur.execute(
                 "INSERT INTO decisions (at, action, candidate, serving_before, serving_after, evidence) "
                 "VALUES (now(), %s, %s, %s, %s, %s) RETURNING id",
-                (action, candidate, self.current(), after, Jsonb(evidence)),
+                (action, candidate, before, after, Jsonb(evidence)),
             )
             return int(cur.fetchone()[0])
 
@@ -70,24 +75,26 @@ class ServingLine:
         """Record the gate's ``decision``; publish the candidate's ``weights`` when it promotes.
         Returns the new serving version, or None after a rejection."""
         if not decision.promote:
-            self._record("reject", decision.candidate, None, decision.to_json())
+            self._record("reject", decision.candidate, self.current(), None, decision.to_json())
             return None
         assert weights is not None, "a promotion needs the candidate's weights"
         return self.promote(decision.candidate, weights, decision.to_json())
 
     def promote(self, candidate: int, weights: dict[str, Any], evidence: dict[str, Any]) -> int:
-        after = self.current() + 1
-        self._record("promote", candidate, after, evidence)
-        return self.publish(weights, {"online": {"action": "promote", "candidate": candidate}})
+        before = self.current()
+        self._record("promote", candidate, before, before + 1, evidence)
+        return self._publish(before + 1, weights, {"online": {"action": "promote", "candidate": candidate}})
 
     def rollback(self, version: int, reason: str = "manual") -> int:
         """Serve ``version``'s weights again, as the next version; returns it."""
-        if not 0 <= version <= self.current():
-            raise ValueError(f"rollback to version {version}: serving versions are 0..{self.current()}")
+        before = self.current()
+        if not 0 <= version <= before:
+            raise ValueError(f"rollback to version {version}: serving versions are 0..{before}")
         weights = self.weights(version)  # before the record: a version that is gone raises here
-        after = self.current() + 1
-        self._record("rollback", None, after, {"to": version, "reason": reason, "at": time.time()})
-        return self.publish(weights, {"online": {"action": "rollback", "to": version}})
+        self._record(
+            "rollback", None, before, before + 1, {"to": version, "reason": reason, "at": time.time()}
+        )
+        return self._publish(before + 1, weights, {"online": {"action": "rollback", "to": version}})
 
     def decisions(self, limit: int = 20) -> list[dict[str, Any]]:
         with self.db.conn.cursor() as cur:

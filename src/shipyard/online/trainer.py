@@ -162,6 +162,9 @@ class OnlineTrainer:
             "online/dropped_stale": float(len(taken) - len(fresh)),
             "online/dropped_temperature": float(len(fresh) - len(usable)),
         }
+        if usable:
+            lags = [serving - it.record.weight_version for it in usable]
+            counts["online/version_lag_mean"] = sum(lags) / len(lags)
         return usable, taken[-1][0], counts
 
     def step(self) -> dict[str, float] | None:
@@ -181,9 +184,6 @@ class OnlineTrainer:
         metrics.update(sources, **{"online/items": float(len(items)), "online/cursor": float(cursor)})
         if items:
             metrics["online/reward_mean"] = sum(rewards) / len(rewards)
-            metrics["online/version_lag_mean"] = sum(
-                self.serving_version() - it.record.weight_version for it in items
-            ) / len(items)
         if any(a != 0 for a in advs):
             stats = train_step(
                 self.policy.scorer,

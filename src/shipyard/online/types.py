@@ -133,8 +133,8 @@ class RewardedGeneration:
 class LogSink(Protocol):
     """Where the gateway's records go (the PostgreSQL database, :mod:`shipyard.online.database`)."""
 
-    def write_generations(self, records: list[GenerationRecord]) -> None: ...
+    def write_generations(self, records: list[GenerationRecord]) -> None:
+        """Store records (one already stored is ignored)."""
 
     def write_feedback(self, events: list[FeedbackEvent]) -> int:
         """Store events; returns how many were new (a repeated ``event_id`` is ignored)."""
-        ...
