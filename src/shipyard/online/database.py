@@ -112,7 +112,25 @@ MIGRATIONS: list[tuple[int, str, str]] = [
 ]
 """(version, what, SQL) in order; a released migration is never edited, a new one is appended."""
 
-_GEN_NAMES = ["generation_id", "request_id", "session_id", "user_hash", "created_at", "model", "weight_version", "prompt_key", "prompt_ids", "token_ids", "logprobs", "versions", "finish_reason", "latency_ms", "messages", "completion", "temperature"]
+_GEN_NAMES = [
+    "generation_id",
+    "request_id",
+    "session_id",
+    "user_hash",
+    "created_at",
+    "model",
+    "weight_version",
+    "prompt_key",
+    "prompt_ids",
+    "token_ids",
+    "logprobs",
+    "versions",
+    "finish_reason",
+    "latency_ms",
+    "messages",
+    "completion",
+    "temperature",
+]
 _GEN_COLS = ", ".join(_GEN_NAMES)
 _GEN_COLS_G = ", ".join(f"g.{c}" for c in _GEN_NAMES)  # the same, of the alias ``g``
 _LOCK_KEY = 0x5348495059  # advisory lock of the migrations ("SHIPY")
