@@ -106,3 +106,19 @@ def test_hidden_test_timeout_scores_zero_with_reason(engine_tok) -> None:
     spec.bench = _SlowGrading(spec.bench.cfg)
     [traj] = run_session(spec, slow, "g", 3)
     assert traj.error is None and traj.reward == 0.0 and "tim" in traj.reward_info["reason"]
+
+
+def test_turns_carry_where_the_session_spent_its_time(engine_tok) -> None:
+    """Timings the fleet simulator is calibrated from: the inference call and what follows it."""
+    import time
+
+    t0 = time.perf_counter()
+    [traj] = run_session(_spec(engine_tok), TASK, "g", 1)
+    wall = time.perf_counter() - t0
+    sampled = [t for t in traj.turns if t["role"] == "assistant"]
+    assert len(sampled) == traj.num_turns == 3
+    assert all(t["gen_s"] > 0 and t["env_s"] >= 0 for t in sampled)
+    setup = traj.turns[0]["setup_s"]
+    total = setup + sum(t["gen_s"] + t["env_s"] for t in sampled)
+    assert 0 < total <= wall and total > 0.9 * wall  # the spans tile the session
+    assert sampled[-1]["env_s"] > 0.01  # the last one holds grading: pytest in a sandbox

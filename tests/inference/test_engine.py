@@ -632,3 +632,31 @@ def test_prefix_cache_lru_budget_and_longest_match() -> None:
     assert cache.nbytes <= cache.budget_bytes and cache.lookup(list(range(12))) is None
     with pytest.raises(ValueError, match="budget_bytes"):
         PrefixCache(0)
+    shared = PrefixCache(budget_bytes=1 << 20, min_shared=3)
+    shared.put(entry([1, 2, 3, 4, 5, 6]))
+    part = shared.lookup([1, 2, 3, 4, 9, 9])  # same first four tokens, then another prompt
+    assert part is not None and part.tokens == [1, 2, 3, 4] and part.keys_HND[0].shape == (2, 4, 4)
+    assert shared.shared_hits == 1 and len(shared) == 1  # a view: the stored entry is untouched
+    assert shared.lookup([1, 2, 9, 9]) is None  # two shared tokens: below min_shared
+    assert shared.lookup([1, 2, 3, 4, 5, 6, 7]).tokens == [1, 2, 3, 4, 5, 6]  # a turn: the whole entry
+
+
+def test_prefix_cache_shares_a_system_prompt_between_sessions(dense: tuple[Any, Any]) -> None:
+    """Two sessions under one long shared prompt: the second forwards only its own tokens, and
+    samples what a cold engine samples."""
+    model, tok = dense
+    system = [(7 * i) % 200 + 3 for i in range(48)]
+    prompts = [system + [11, 12, 13], system + [21, 22, 23, 24]]
+    reqs = [
+        GenerateRequest(p, SamplingParams(temperature=1.0, max_tokens=8, seed=i))
+        for i, p in enumerate(prompts)
+    ]
+    warm = EmbeddedEngine(copy.deepcopy(model), tok, max_batch=4, prefix_cache_mb=64)
+    cold = EmbeddedEngine(model, tok, max_batch=4)
+    got = [warm.generate([r])[0] for r in reqs]  # one after the other: the first one is stored
+    want = cold.generate(reqs)
+    assert warm.stats["prefix_hits"] == 1 and warm.stats["prefix_tokens"] == len(system)
+    assert warm.prefix is not None and warm.prefix.shared_hits == 1
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4

@@ -37,6 +37,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import time
 import traceback
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -198,6 +199,9 @@ class _Session:
         self.finish, self.reward, self.error = "", 0.0, None
         self.reward_info: dict[str, Any] = {}
         self.changes, self.grade = "", {}
+        self._mark = time.perf_counter()
+        self._timed: dict[str, Any] | None = None
+        """The latest sampled turn, until the time after it (its ``env_s``) is known."""
         self._open(first_message(task))
 
     @property
@@ -243,13 +247,28 @@ class _Session:
             seed=session_seed(self.gid, self.idx, self.sampled_turns, self.spec.seed),
         )
         request = GenerateRequest(prompt_ids=list(self.rec.ids), params=params, prompt_routes=self.rec.routes)
+        t0 = self._close_env()
         [res] = self.spec.client.generate([request])
         start = len(self.rec.ids)
         self.rec.add_sampled(res.token_ids, res.logprobs, res.versions)
-        self.rec.turn(role, start, self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True))
+        text = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
+        self._mark = time.perf_counter()
+        self.rec.turn(role, start, text, gen_s=round(self._mark - t0, 4))
+        self._timed = self.rec.turns[-1]
         self.rec.routes = res.routes
         self.sampled_turns += 1
         return res
+
+    def _close_env(self) -> float:
+        """Time since the last generation returned, on the turn it follows (``env_s``: its action,
+        tool output, grading) or, before the first, on the opening prompt (``setup_s``: sandbox)."""
+        now = time.perf_counter()
+        if self._timed is not None:
+            self._timed["env_s"] = round(now - self._mark, 4)
+        elif self.segments and "setup_s" not in self.segments[0][0].turns[0]:
+            self.segments[0][0].turns[0]["setup_s"] = round(now - self._mark, 4)
+        self._timed, self._mark = None, now
+        return now
 
     def feed_back(self, sb: Sandbox, feedback: str, closed_by_eos: bool) -> bool:
         """Append a tool result, or summarize into a new segment (module doc); False: no room left.
@@ -309,6 +328,7 @@ class _Session:
 
     def trajectories(self) -> list[Trajectory]:
         """The segments with their token records and the session's outcome on each."""
+        self._close_env()
         total = sum(len(rec.ids) for rec, _ in self.segments)
         on = bool(self.spec.agent.summarize_threshold())
         metrics = self.stats.metrics(self.finish, total) if on else {}

@@ -66,7 +66,10 @@ class Trajectory:
     """The segment turn by turn, for people (``shipyard view``): each ``{"role", "start", "end",
     "text", ...}`` covers ``token_ids[start:end]``. Roles: ``prompt`` (with ``system``), ``assistant``
     (with ``action``: ``run`` + ``command``, ``write`` + ``path``, ``submit`` or ``none``),
-    ``tool`` (the harness's reply), ``summary`` (the sampled summary that ends a segment)."""
+    ``tool`` (the harness's reply), ``summary`` (the sampled summary that ends a segment). Timings,
+    wall seconds: sampled turns carry ``gen_s`` (the inference call) and ``env_s`` (from its return
+    to the next call or the session's end: the action, the tool output, grading); the first
+    segment's prompt carries ``setup_s`` (sandbox start). :mod:`shipyard.fleet.calibrate` reads them."""
     changes: str = ""
     """Unified diff of the workspace files the session changed (last segment only; "" elsewhere)."""
     grade: dict[str, Any] = field(default_factory=dict)

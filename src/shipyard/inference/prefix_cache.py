@@ -18,9 +18,13 @@ Contract:
 - The engine clears the cache whenever new weights go live and stores a row only if no update
   landed while it ran, so reused keys/values were computed with the weights now serving.
 
+- A prompt that shares at least ``min_shared`` leading tokens with an entry without extending it
+  (sessions under one system prompt and task template) reuses those positions of the entry.
+
 Limits: linear scan over entries (a few hundred at most at realistic budgets); CPU memory (the
-tensors stay where the model's cache lives); no sharing of common prefixes between entries
-(a radix tree would store a system prompt once).
+tensors stay where the model's cache lives); entries do not share storage (a radix tree would store
+a system prompt once); rows admitted together prefill cold together (no entry exists yet), so the
+reuse of a shared prompt starts with the rows admitted after the first finished.
 
 Shape legend: H = key/value heads, N = stored positions, D = head dim.
 """
@@ -46,13 +50,32 @@ class PrefixEntry:
         return sum(t.numel() * t.element_size() for t in (*self.keys_HND, *self.values_HND))
 
 
+def _common_len(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit`` (whole-slice compares
+    first: most entries either match a turn entirely or diverge early)."""
+    if a[:limit] == b[:limit]:
+        return limit
+    lo, hi = 0, limit  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class PrefixCache:
     """LRU store of :class:`PrefixEntry` under a byte budget; see the module docstring."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, min_shared: int = 32) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"prefix cache budget_bytes={budget_bytes} must be > 0")
         self.budget_bytes = budget_bytes
+        self.min_shared = min_shared
+        """Shortest shared prefix (tokens) worth reusing from an entry the prompt does not extend."""
+        self.shared_hits = 0
+        """Lookups answered with part of an entry (a shared system prompt, not the session's own turn)."""
         self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
         self._next = 0
         self.nbytes = 0
@@ -61,16 +84,29 @@ class PrefixCache:
         return len(self._entries)
 
     def lookup(self, prompt: list[int]) -> PrefixEntry | None:
-        """The stored entry with the longest proper prefix of ``prompt`` (marked recently used)."""
+        """The stored entry sharing the longest prefix with ``prompt`` (marked recently used), cut to
+        that prefix: a whole entry the prompt extends (an agent's next turn), or the first ``n``
+        positions of one when ``n >= min_shared`` (another session under the same system prompt:
+        causal attention makes those keys and values depend on those tokens alone). At least one
+        prompt token is always left to prefill."""
         best_key, best_len = None, 0
+        cap = len(prompt) - 1
         for key, entry in self._entries.items():
-            n = len(entry.tokens)
-            if best_len < n < len(prompt) and prompt[:n] == entry.tokens:
+            n = _common_len(entry.tokens, prompt, min(len(entry.tokens), cap))
+            if n > best_len and (n == len(entry.tokens) or n >= self.min_shared):
                 best_key, best_len = key, n
         if best_key is None:
             return None
         self._entries.move_to_end(best_key)
-        return self._entries[best_key]
+        hit = self._entries[best_key]
+        if best_len == len(hit.tokens):
+            return hit
+        self.shared_hits += 1
+        return PrefixEntry(
+            hit.tokens[:best_len],
+            [k[:, :best_len] for k in hit.keys_HND],
+            [v[:, :best_len] for v in hit.values_HND],
+        )
 
     def put(self, entry: PrefixEntry) -> None:
         """Store ``entry``, dropping the entries it extends, then evict LRU entries over budget."""

@@ -1,0 +1,361 @@
+"""The cluster-scale simulator: calibrated on this machine, checked against real runs, then asked about 1k-10k GPUs.
+
+Three stages in one run (issue 19, item 4):
+
+1. **Calibrate.** The engine is timed alone (:class:`EmbeddedEngine` of the run's config, batches
+   of 1-16 rows, short and long prompts) and fitted as ``base + per_row * rows`` seconds per decode
+   step plus a cost per prompt token (:func:`shipyard.fleet.calibrate.fit_engine`). The trainer's
+   step time (against the step's tokens), its publish time, a version's sync time and the engine's
+   apply pause come from one real run, ``cal`` (async, two groups a step: the demo's shape).
+2. **Validate.** Three more real runs of other shapes (sync; one group a step; one turn of at most
+   96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
+   per turn, turns, environment seconds, as the workers recorded them): the simulated throughput
+   after the first step (start-up excluded; the first step's wait holds process start-up the model
+   does not have) against the real one, ``sim_vs_real_throughput_rel_err`` (target <= 0.15 each).
+3. **Predict.** A GPU profile (stated below; not measured here) at 1k, 3k and 10k GPUs (a quarter
+   train, the rest serve; one GPU per server): sync against async with the worker's batch barrier
+   (how Shipyard's workers play today) and against async with streaming groups, over the rollout
+   length tail (lognormal sigma) and the staleness bound. Plot: ``docs/fleet_sim.png``.
+
+    python benchmarks/fleet_sim.py            # SmolLM2-135M, 4 real runs of 8 steps (~25 min)
+    python benchmarks/fleet_sim.py --quick    # tiny model, 4 runs of 4 steps, small predictions
+    python benchmarks/fleet_sim.py --reuse    # simulate again from the recorded runs
+
+Writes ``benchmarks/results/fleet_sim.json`` and the ``simulator`` section (and the top-level
+``sim_vs_real_throughput_rel_err``) of ``benchmarks/results/fleet.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+from shipyard.config import load_config
+from shipyard.config.schema import ShipyardConfig
+from shipyard.fleet import calibrate as cal
+from shipyard.fleet.sim import simulate
+from shipyard.fleet.types import EngineProfile, PipelineSpec, RegionSpec, TrainerProfile, Workload
+from shipyard.metrics.logger import read_metrics
+from shipyard.store.run import open_run
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "fleet_sim"
+RUNS: dict[str, list[str]] = {
+    "cal": [],
+    "sync": ["trainer.mode=sync"],
+    "async_gps1": ["trainer.groups_per_step=1", "rollout.concurrency=8"],
+    "sync_1turn": [
+        "trainer.mode=sync",
+        "trainer.groups_per_step=1",
+        "rollout.concurrency=8",
+        "agent.max_turns=1",
+        "sampling.max_tokens=96",
+    ],
+}
+SIM_SEEDS = 5
+# The GPU profile of the predictions: an 8B-class dense model in bf16, one H100 per server (decode
+# 15 ms a step + 0.08 ms a row: ~5k tokens/s at 128 rows; prefill 100k tokens/s); the trainer
+# (a quarter of the GPUs) forwards and backwards 4,000 tokens/s per GPU; a version reaches every
+# server 20 s after publication (delta shipping) and pauses it 2 s. Sessions: 2 turns, a 2,000-token
+# task prompt, 300-token tool outputs, 2 s of environment per turn, turns lognormal around 800
+# tokens (cut at 16k). Each server runs 2 groups of 8 a step.
+GPU_ENGINE = EngineProfile(
+    step_base_s=0.015, step_per_row_s=0.00008, prefill_per_token_s=1e-5, max_batch=256, apply_s=2.0
+)
+
+
+def base_config(quick: bool) -> str:
+    return "configs/tiny.toml" if quick else "configs/demo.toml"
+
+
+def run_config(name: str, quick: bool) -> tuple[ShipyardConfig, list[str]]:
+    steps = 4 if quick else 8
+    over = [
+        f'run.name="fleet_{name}"',
+        f'run.output_dir="{OUT}"',
+        f'store.root="{OUT / "store"}"',
+        "run.eval_before_after=false",
+        f"trainer.steps={steps}",
+        *RUNS[name],
+    ]
+    return load_config(ROOT / base_config(quick), over), over
+
+
+def run_real(name: str, quick: bool, reuse: bool) -> ShipyardConfig:
+    """Train one real run (its own process, as a user would) unless ``reuse`` finds it finished."""
+    cfg, over = run_config(name, quick)
+    run_dir = OUT / cfg.run.name
+    if reuse and (run_dir / "summary.json").exists():
+        return cfg
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(OUT / "store" / cfg.run.name, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    log = run_dir.with_suffix(".log")
+    harness.console.print(
+        f"[bold]{name}[/]: shipyard train {base_config(quick)} {' '.join(RUNS[name])}  (log: {log})"
+    )
+    t0 = time.time()
+    with open(log, "w") as f:
+        cmd = [sys.executable, "-m", "shipyard.cli", "train", base_config(quick), *over]
+        code = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise SystemExit(f"run {name} failed with exit code {code}; see {log}")
+    harness.console.print(f"{name}: {time.time() - t0:.0f} s")
+    return cfg
+
+
+def measure_engine(cfg: ShipyardConfig, quick: bool) -> tuple[EngineProfile, list[cal.EnginePoint]]:
+    """Time the run's engine alone on batches of rows and prompt lengths; fit its profile."""
+    import torch
+
+    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.types import GenerateRequest, SamplingParams
+    from shipyard.models.loading import load_model
+    from shipyard.models.precision import engine_precision
+
+    torch.set_num_threads(cfg.inference.threads)
+    model, tok = load_model(cfg.model)
+    engine_precision(model, cfg.inference)
+    engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch, version=0, prefix_cache_mb=0)
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "src" / "shipyard" / "fleet").glob("*.py")))
+    ids = tok(text)["input_ids"] * 3  # distinct prompts for every call (no prefix cache anyway)
+    shapes = [(1, 150), (2, 300), (4, 150), (8, 300), (8, 450), (16, 150), (16, 450)]
+    new = 8 if quick else 48
+    points = []
+    for i, (rows, plen) in enumerate([(2, 150), *shapes]):  # the first call warms up, not kept
+        reqs = [
+            GenerateRequest(
+                prompt_ids=ids[37 * (i * 16 + r) : 37 * (i * 16 + r) + plen],
+                params=SamplingParams(temperature=0.7, max_tokens=new, seed=r),
+            )
+            for r in range(rows)
+        ]
+        s0 = dict(engine.stats)
+        t0 = time.perf_counter()
+        engine.generate(reqs)
+        secs = time.perf_counter() - t0
+        gen = engine.stats["generated_tokens"] - s0["generated_tokens"]
+        point = cal.EnginePoint(
+            engine.stats["decode_steps"] - s0["decode_steps"], gen - rows, rows * plen, secs
+        )
+        if i:
+            points.append(point)
+    return cal.fit_engine(points, cfg.inference.max_batch), points
+
+
+def run_records(cfg: ShipyardConfig) -> tuple[list[dict[str, Any]], Any]:
+    records = read_metrics(OUT / cfg.run.name / "metrics.jsonl")
+    return records, open_run(cfg.store, cfg.run.name)
+
+
+def calibrate_from(cfg: ShipyardConfig, engine: EngineProfile) -> tuple[TrainerProfile, EngineProfile, float]:
+    """The trainer, the apply pause and the sync time from the calibration run."""
+    records, store = run_records(cfg)
+    batches = cal.read_batches(store)
+    trainer = cal.fit_trainer(records, cal.step_tokens(records, batches))
+    pauses = [json.loads(store.get(k))["pause_s"] for k in store.list("adoptions/")]
+    lag = cal.sync_lag(store)
+    engine = EngineProfile(
+        engine.step_base_s,
+        engine.step_per_row_s,
+        engine.prefill_per_token_s,
+        engine.max_batch,
+        statistics.median(pauses) if pauses else 0.0,
+    )
+    return trainer, engine, statistics.median(lag) if lag else 0.0
+
+
+def pipeline_of(cfg: ShipyardConfig) -> PipelineSpec:
+    t = cfg.trainer
+    return PipelineSpec(
+        mode=t.mode,
+        steps=t.steps,
+        groups_per_step=t.groups_per_step // cfg.rollout.num_workers,
+        group_size=cfg.rollout.group_size,
+        concurrency=cfg.rollout.concurrency,
+        max_off_policy_steps=t.max_off_policy_steps,
+    )
+
+
+def validate(
+    cfg: ShipyardConfig, engine: EngineProfile, trainer: TrainerProfile, sync_s: float
+) -> dict[str, float]:
+    """One real run against the simulator given that run's sessions and the calibrated speeds."""
+    records, store = run_records(cfg)
+    real = cal.run_figures(records)
+    work = cal.workload_from_batches(cal.read_batches(store))
+    region = [RegionSpec("local", cfg.inference.num_servers, sync_s, workers_per_server=1)]
+    sims = [simulate(pipeline_of(cfg), region, engine, trainer, work, seed=s) for s in range(SIM_SEEDS)]
+    figs = [cal.sim_figures(r.step_end_s, r.step_samples, r.trainer_idle_s) for r in sims]
+    sim = {k: statistics.mean(f[k] for f in figs) for k in figs[0]}
+    return {
+        "real_samples_per_s": real["steady_samples_per_s"],
+        "sim_samples_per_s": sim["steady_samples_per_s"],
+        "rel_err": abs(sim["steady_samples_per_s"] - real["steady_samples_per_s"])
+        / real["steady_samples_per_s"],
+        "real_whole_samples_per_s": real["samples_per_s"],
+        "sim_whole_samples_per_s": sim["samples_per_s"],
+        "real_trainer_idle_frac": real["trainer_idle_frac"],
+        "sim_trainer_idle_frac": sim["trainer_idle_frac"],
+        "sessions_recorded": len(work.sessions),
+        "env_s_mean": statistics.mean(t.env_s for s in work.sessions for t in s.turns),
+    }
+
+
+def predict(gpus: int, mode: str, streaming: bool, sigma: float, bound: int, steps: int) -> dict[str, float]:
+    """One prediction with the GPU profile (module doc)."""
+    servers = gpus * 3 // 4
+    trainer = TrainerProfile(step_base_s=3.0, per_token_s=1.0 / (4000.0 * (gpus - servers)), publish_s=10.0)
+    work = Workload.lognormal(
+        turns=2,
+        median_tokens=800,
+        sigma=sigma,
+        max_tokens=16384,
+        prompt_tokens=2000,
+        tool_tokens=300,
+        env_s=2.0,
+    )
+    spec = PipelineSpec(mode, steps, 2, 8, 32 if streaming else 16, bound, streaming=streaming)  # type: ignore[arg-type]
+    out = simulate(spec, [RegionSpec("all", servers, sync_s=20.0)], GPU_ENGINE, trainer, work)
+    figs = cal.sim_figures(out.step_end_s, out.step_samples, out.trainer_idle_s)
+    stale = sorted(out.staleness)
+    return {
+        "samples_per_s": figs["steady_samples_per_s"],
+        "trainer_idle_frac": figs["trainer_idle_frac"],
+        "engine_busy_frac": out.engine_busy_frac,
+        "staleness_p95": float(stale[int(0.95 * (len(stale) - 1))]),
+        "dropped_stale_frac": out.dropped_stale / max(out.dropped_stale + out.samples, 1),
+    }
+
+
+def predictions(quick: bool) -> dict[str, Any]:
+    """Async over sync at scale (sigma 1, bound 2) and over the tail and the bound (the smallest scale)."""
+    steps = 4 if quick else 6
+    scales = [100, 300] if quick else [1000, 3000, 10000]
+    sigmas, bounds = [0.25, 0.5, 1.0, 1.5], [1, 2, 4]
+
+    def trio(gpus: int, sigma: float, bound: int, sync: dict[str, float] | None = None) -> dict[str, Any]:
+        sync = sync or predict(gpus, "sync", False, sigma, bound, steps)
+        barrier = predict(gpus, "async", False, sigma, bound, steps)
+        stream = predict(gpus, "async", True, sigma, bound, steps)
+        return {
+            "gpus": gpus,
+            "sigma": sigma,
+            "bound": bound,
+            "sync": sync,
+            "async_barrier": barrier,
+            "async_streaming": stream,
+            "speedup_barrier": barrier["samples_per_s"] / sync["samples_per_s"],
+            "speedup_streaming": stream["samples_per_s"] / sync["samples_per_s"],
+        }
+
+    scale = []
+    for gpus in scales:
+        scale.append(trio(gpus, 1.0, 2))
+        harness.console.print(f"predicted {gpus} GPUs: {scale[-1]['speedup_streaming']:.2f}x streaming")
+    tail = []
+    for sigma in sigmas:
+        sync = predict(scales[0], "sync", False, sigma, 1, steps)  # sync never uses the bound
+        tail += [trio(scales[0], sigma, b, sync) for b in bounds]
+    return {"scale": scale, "tail": tail, "steps": steps}
+
+
+def plot(pred: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    tail = pred["tail"]
+    for bound in sorted({t["bound"] for t in tail}):
+        rows = [t for t in tail if t["bound"] == bound]
+        xs = [t["sigma"] for t in rows]
+        a.plot(xs, [t["speedup_streaming"] for t in rows], "o-", label=f"streaming, bound {bound}")
+        a.plot(xs, [t["speedup_barrier"] for t in rows], "x--", label=f"batch barrier, bound {bound}")
+    a.set_xlabel("rollout length tail (lognormal sigma)")
+    a.set_ylabel("async samples/s over sync")
+    a.set_title(f"{tail[0]['gpus']} GPUs")
+    a.legend(fontsize=7)
+    scale = pred["scale"]
+    xs = [s["gpus"] for s in scale]
+    b.plot(xs, [s["speedup_streaming"] for s in scale], "o-", label="async, streaming groups")
+    b.plot(xs, [s["speedup_barrier"] for s in scale], "x--", label="async, batch barrier (today)")
+    b.set_xscale("log")
+    b.set_xlabel("GPUs (3/4 serve, 1/4 train)")
+    b.set_ylabel("async samples/s over sync")
+    b.set_title("sigma 1.0, staleness bound 2")
+    b.axhspan(2.0, 3.0, color="0.9", label="verl / AReaL reported 2-3x")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    harness.console.print(f"wrote {path}")
+
+
+def write_fleet(args: Any, figures: dict[str, Any]) -> None:
+    """Merge this part into ``fleet.json`` (the other parts of issue 19 write theirs beside it)."""
+    path = args.out / f"fleet{'_quick' if args.quick else ''}.json"
+    fleet = json.loads(path.read_text()) if path.exists() else {}
+    fleet["simulator"] = figures
+    fleet["sim_vs_real_throughput_rel_err"] = figures["sim_vs_real_throughput_rel_err"]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fleet, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def main() -> None:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--reuse", action="store_true", help="simulate the recorded runs again (no new runs)")
+    args = ap.parse_args()
+    cfg0, _ = run_config("cal", args.quick)
+    engine, points = measure_engine(cfg0, args.quick)
+    harness.console.print(f"engine: {engine} (fit error {cal.engine_fit_error(engine, points):.1%})")
+    cfgs = {name: run_real(name, args.quick, args.reuse) for name in RUNS}
+    trainer, engine, sync_s = calibrate_from(cfgs["cal"], engine)
+    harness.console.print(f"trainer: {trainer}; sync {sync_s:.2f} s; apply pause {engine.apply_s:.3f} s")
+    checks = {name: validate(cfg, engine, trainer, sync_s) for name, cfg in cfgs.items() if name != "cal"}
+    harness.table(
+        "simulator against real runs (samples/s after the first step)",
+        {
+            n: {k: v for k, v in c.items() if k in ("real_samples_per_s", "sim_samples_per_s", "rel_err")}
+            for n, c in checks.items()
+        },
+    )
+    pred = predictions(args.quick)
+    rows = {
+        f"{s['gpus']} GPUs": {
+            "sync": s["sync"]["samples_per_s"],
+            "barrier x": s["speedup_barrier"],
+            "streaming x": s["speedup_streaming"],
+        }
+        for s in pred["scale"]
+    }
+    harness.table("predicted async over sync (sigma 1.0, bound 2)", rows)
+    plot(pred, ROOT / "docs" / f"fleet_sim{'_quick' if args.quick else ''}.png")
+    figures = {
+        "sim_vs_real_throughput_rel_err": max(c["rel_err"] for c in checks.values()),
+        "validation": checks,
+        "calibration": {
+            "engine": engine.__dict__,
+            "engine_points": [p.__dict__ for p in points],
+            "engine_fit_max_rel_err": cal.engine_fit_error(engine, points),
+            "trainer": trainer.__dict__,
+            "sync_s": sync_s,
+            "run": "cal",
+        },
+        "predictions": pred,
+        "gpu_profile": {"engine": GPU_ENGINE.__dict__, "train_tok_s_per_gpu": 4000, "sync_s": 20.0},
+    }
+    harness.write_results(args, "fleet_sim", figures)
+    write_fleet(args, figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Fleet: regions, the scavenging scheduler, verified rollouts and the cluster-scale simulator."""
