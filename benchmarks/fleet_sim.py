@@ -6,7 +6,9 @@ Three stages in one run (issue 19, item 4):
    of 1-16 rows, short and long prompts) and fitted as ``base + per_row * rows`` seconds per decode
    step plus a cost per prompt token (:func:`shipyard.fleet.calibrate.fit_engine`). The trainer's
    step time (against the step's tokens), its publish time, a version's sync time and the engine's
-   apply pause come from one real run, ``cal`` (async, two groups a step: the demo's shape).
+   apply pause come from one real run, ``cal`` (async, two groups a step: the demo's shape), and so
+   does one more figure: how much the engine slows while the trainer computes on the same two cores
+   (``contention``, the one value fitted to match ``cal``'s throughput; 0 on separate devices).
 2. **Validate.** Three more real runs of other shapes (sync; one group a step; one turn of at most
    96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
    per turn, turns, environment seconds, as the workers recorded them): the simulated throughput
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -156,20 +159,33 @@ def run_records(cfg: ShipyardConfig) -> tuple[list[dict[str, Any]], Any]:
 
 
 def calibrate_from(cfg: ShipyardConfig, engine: EngineProfile) -> tuple[TrainerProfile, EngineProfile, float]:
-    """The trainer, the apply pause and the sync time from the calibration run."""
+    """The trainer, the apply pause, the sync time and the host contention from the calibration run."""
     records, store = run_records(cfg)
     batches = cal.read_batches(store)
     trainer = cal.fit_trainer(records, cal.step_tokens(records, batches))
     pauses = [json.loads(store.get(k))["pause_s"] for k in store.list("adoptions/")]
     lag = cal.sync_lag(store)
-    engine = EngineProfile(
-        engine.step_base_s,
-        engine.step_per_row_s,
-        engine.prefill_per_token_s,
-        engine.max_batch,
-        statistics.median(pauses) if pauses else 0.0,
-    )
-    return trainer, engine, statistics.median(lag) if lag else 0.0
+    sync_s = statistics.median(lag) if lag else 0.0
+    engine = replace(engine, apply_s=statistics.median(pauses) if pauses else 0.0)
+    work = cal.workload_from_batches(batches)
+    target = cal.run_figures(records)["steady_samples_per_s"]
+
+    def throughput(contention: float) -> float:
+        return simulated(cfg, replace(engine, contention=contention), trainer, sync_s, work)[
+            "steady_samples_per_s"
+        ]
+
+    return trainer, replace(engine, contention=cal.fit_contention(throughput, target)), sync_s
+
+
+def simulated(
+    cfg: ShipyardConfig, engine: EngineProfile, trainer: TrainerProfile, sync_s: float, work: Workload
+) -> dict[str, float]:
+    """The run's shape simulated with these speeds, averaged over ``SIM_SEEDS`` draws of sessions."""
+    region = [RegionSpec("local", cfg.inference.num_servers, sync_s, workers_per_server=1)]
+    sims = [simulate(pipeline_of(cfg), region, engine, trainer, work, seed=s) for s in range(SIM_SEEDS)]
+    figs = [cal.sim_figures(r.step_end_s, r.step_samples, r.trainer_idle_s) for r in sims]
+    return {k: statistics.mean(f[k] for f in figs) for k in figs[0]}
 
 
 def pipeline_of(cfg: ShipyardConfig) -> PipelineSpec:
@@ -191,10 +207,7 @@ def validate(
     records, store = run_records(cfg)
     real = cal.run_figures(records)
     work = cal.workload_from_batches(cal.read_batches(store))
-    region = [RegionSpec("local", cfg.inference.num_servers, sync_s, workers_per_server=1)]
-    sims = [simulate(pipeline_of(cfg), region, engine, trainer, work, seed=s) for s in range(SIM_SEEDS)]
-    figs = [cal.sim_figures(r.step_end_s, r.step_samples, r.trainer_idle_s) for r in sims]
-    sim = {k: statistics.mean(f[k] for f in figs) for k in figs[0]}
+    sim = simulated(cfg, engine, trainer, sync_s, work)
     return {
         "real_samples_per_s": real["steady_samples_per_s"],
         "sim_samples_per_s": sim["steady_samples_per_s"],
@@ -319,7 +332,9 @@ def main() -> None:
     harness.console.print(f"engine: {engine} (fit error {cal.engine_fit_error(engine, points):.1%})")
     cfgs = {name: run_real(name, args.quick, args.reuse) for name in RUNS}
     trainer, engine, sync_s = calibrate_from(cfgs["cal"], engine)
-    harness.console.print(f"trainer: {trainer}; sync {sync_s:.2f} s; apply pause {engine.apply_s:.3f} s")
+    harness.console.print(
+        f"trainer: {trainer}; sync {sync_s:.2f} s; apply pause {engine.apply_s:.3f} s; contention {engine.contention:.2f}"
+    )
     checks = {name: validate(cfg, engine, trainer, sync_s) for name, cfg in cfgs.items() if name != "cal"}
     harness.table(
         "simulator against real runs (samples/s after the first step)",

@@ -117,7 +117,7 @@ def test_turns_carry_where_the_session_spent_its_time(engine_tok) -> None:
     wall = time.perf_counter() - t0
     sampled = [t for t in traj.turns if t["role"] == "assistant"]
     assert len(sampled) == traj.num_turns == 3
-    assert all(t["gen_s"] > 0 and t["env_s"] >= 0 for t in sampled)
+    assert all(t["gen_s"] > 0 and t["env_s"] >= 0 and 0 <= t["cached"] < t["start"] for t in sampled)
     setup = traj.turns[0]["setup_s"]
     total = setup + sum(t["gen_s"] + t["env_s"] for t in sampled)
     assert 0 < total <= wall and total > 0.9 * wall  # the spans tile the session

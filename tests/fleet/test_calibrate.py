@@ -80,6 +80,9 @@ def test_session_of_reads_tokens_and_timings_per_turn() -> None:
         (60, 80, 0.3),
     ]
     assert s.tokens == 500
+    turns[1]["cached"], turns[3]["cached"] = 81, 360  # a shared system prompt, then the whole turn
+    s = cal.session_of([t])
+    assert [x.new_prompt_tokens for x in s.turns] == [300 - 81, 60]
 
 
 def test_run_figures_exclude_the_first_step_from_steady_throughput() -> None:

@@ -22,7 +22,7 @@ ONE = [RegionSpec("r", servers=1, sync_s=0.25)]
 
 
 def work(*sampled: int, env_s: float = 0.0, prompt: int = 0) -> Workload:
-    return Workload([Session(0.0, (Turn(prompt, n, env_s),)) for n in sampled])
+    return Workload([Session(0.0, (Turn(prompt, n, env_s),), prompt + n) for n in sampled])
 
 
 def spec(mode: str = "sync", steps: int = 3, group: int = 1, conc: int = 16, lag: int = 2) -> PipelineSpec:
@@ -42,10 +42,14 @@ def test_sync_step_is_generation_then_training_then_sync() -> None:
 
 def test_rows_share_decode_steps_until_the_shorter_ends() -> None:
     out = simulate(
-        spec("sync", steps=1, group=2), ONE, ENGINE, TRAINER, Workload([Session(0.0, (Turn(0, 10, 0.0),))])
+        spec("sync", steps=1, group=2),
+        ONE,
+        ENGINE,
+        TRAINER,
+        Workload([Session(0.0, (Turn(0, 10, 0.0),), 10)]),
     )
     assert out.step_end_s[0] == pytest.approx(10 * ENGINE.step_s(2) + 1.5)
-    mixed = Workload([Session(0.0, (Turn(0, 10, 0.0),)), Session(0.0, (Turn(0, 20, 0.0),))])
+    mixed = Workload([Session(0.0, (Turn(0, 10, 0.0),), 10), Session(0.0, (Turn(0, 20, 0.0),), 20)])
     # draw order is seeded; a group of 2 from {10, 20} holds either one length twice or both
     gens = {10 * ENGINE.step_s(2), 20 * ENGINE.step_s(2), 10 * ENGINE.step_s(2) + 10 * ENGINE.step_s(1)}
     for seed in range(6):
@@ -74,7 +78,7 @@ def test_async_overlaps_training_within_the_staleness_bound() -> None:
 
 
 def test_env_delays_and_turns_add_up() -> None:
-    two = Workload([Session(0.3, (Turn(0, 10, 0.5), Turn(0, 20, 0.7)))])
+    two = Workload([Session(0.3, (Turn(0, 10, 0.5), Turn(0, 20, 0.7)), 30)])
     out = simulate(spec("sync", steps=1), ONE, ENGINE, TRAINER, two)
     assert out.step_end_s[0] == pytest.approx(0.3 + 30 * ENGINE.step_s(1) + 1.2 + 1.5)
     assert out.tokens == 30 and out.samples == 1
@@ -107,7 +111,9 @@ def test_bad_specs_are_refused() -> None:
 
 
 def test_streaming_keeps_servers_busy_past_a_straggler_and_drops_over_the_bound() -> None:
-    tail = Workload([Session(0.0, (Turn(0, 20, 0.0),))] * 19 + [Session(0.0, (Turn(0, 2000, 0.0),))])
+    tail = Workload(
+        [Session(0.0, (Turn(0, 20, 0.0),), 20)] * 19 + [Session(0.0, (Turn(0, 2000, 0.0),), 2000)]
+    )
     fast = TrainerProfile(step_base_s=0.2, per_token_s=0.0, publish_s=0.0)
     base = dict(
         mode="async", steps=30, groups_per_step=2, group_size=4, concurrency=16, max_off_policy_steps=1
@@ -118,3 +124,37 @@ def test_streaming_keeps_servers_busy_past_a_straggler_and_drops_over_the_bound(
     assert barrier.dropped_stale == 0 and max(barrier.staleness) <= 1
     assert max(stream.staleness) <= 1  # what finished too late was dropped, never trained on
     assert stream.dropped_stale > 0 and stream.samples + stream.dropped_stale == 30 * 8
+
+
+def test_host_contention_slows_engines_only_while_the_trainer_computes() -> None:
+    from dataclasses import replace
+
+    shared = replace(ENGINE, contention=1.0)
+    slow = TrainerProfile(step_base_s=2.0, per_token_s=0.0, publish_s=0.0)
+    # sync: generation and training never overlap, so sharing the host costs nothing
+    assert simulate(spec("sync", steps=4), ONE, shared, slow, work(200)).elapsed_s == pytest.approx(
+        simulate(spec("sync", steps=4), ONE, ENGINE, slow, work(200)).elapsed_s
+    )
+    # async: the 2 s of training overlap generation, which runs at half speed meanwhile:
+    # 3 s of generation alone take 2 s (at half speed: 1 s of work) + 2 s more
+    out = simulate(spec("async", steps=6), ONE, shared, slow, work(200))
+    alone = simulate(spec("async", steps=6), ONE, ENGINE, slow, work(200))
+    assert out.step_end_s[-1] - out.step_end_s[-2] == pytest.approx(4.0)
+    assert alone.step_end_s[-1] - alone.step_end_s[-2] == pytest.approx(3.0)
+
+
+def test_contention_fit_finds_the_matching_slowdown() -> None:
+    from dataclasses import replace
+
+    from shipyard.fleet.calibrate import fit_contention
+
+    slow = TrainerProfile(step_base_s=2.0, per_token_s=0.0, publish_s=0.0)
+
+    def throughput(c: float) -> float:
+        return simulate(
+            spec("async", steps=6), ONE, replace(ENGINE, contention=c), slow, work(200)
+        ).samples_per_s
+
+    target = throughput(0.6)
+    assert fit_contention(throughput, target) == pytest.approx(0.6, abs=1e-3)
+    assert fit_contention(throughput, throughput(0.0) * 1.2) == 0.0  # faster than contention-free: none

@@ -657,6 +657,7 @@ def test_prefix_cache_shares_a_system_prompt_between_sessions(dense: tuple[Any, 
     want = cold.generate(reqs)
     assert warm.stats["prefix_hits"] == 1 and warm.stats["prefix_tokens"] == len(system)
     assert warm.prefix is not None and warm.prefix.shared_hits == 1
+    assert [g.cached_tokens for g in got] == [0, len(system)]  # what the caller learns per request
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4

@@ -169,6 +169,20 @@ def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -
     return run.trajectories()
 
 
+def replay_session(
+    agent: AgentConfig, bench: Workbench, task: Task, segments: list[Trajectory]
+) -> RewardResult:
+    """Play a recorded session again without a model: its sampled turns' actions, in order, in a
+    fresh sandbox of ``bench``, then grade the files they left (what a verifier re-grades)."""
+    sampled = [t for seg in segments for t in seg.turns if t["role"] == "assistant"]
+    with closing(bench.sandbox(workspace_files(task))) as sb:
+        for turn in sampled:
+            _, done = _act(agent, task, sb, parse_action(turn["text"], task.kind))
+            if done:
+                break
+        return bench.grade(task, sb.files())
+
+
 def _play(run: _Session, sb: Sandbox) -> str:
     """Action turns until the session ends; returns its finish reason."""
     spec = run.spec
@@ -253,7 +267,7 @@ class _Session:
         self.rec.add_sampled(res.token_ids, res.logprobs, res.versions)
         text = self.spec.frame.tok.decode(res.token_ids, skip_special_tokens=True)
         self._mark = time.perf_counter()
-        self.rec.turn(role, start, text, gen_s=round(self._mark - t0, 4))
+        self.rec.turn(role, start, text, gen_s=round(self._mark - t0, 4), cached=res.cached_tokens)
         self._timed = self.rec.turns[-1]
         self.rec.routes = res.routes
         self.sampled_turns += 1

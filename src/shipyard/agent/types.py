@@ -68,7 +68,8 @@ class Trajectory:
     (with ``action``: ``run`` + ``command``, ``write`` + ``path``, ``submit`` or ``none``),
     ``tool`` (the harness's reply), ``summary`` (the sampled summary that ends a segment). Timings,
     wall seconds: sampled turns carry ``gen_s`` (the inference call) and ``env_s`` (from its return
-    to the next call or the session's end: the action, the tool output, grading); the first
+    to the next call or the session's end: the action, the tool output, grading) and ``cached``
+    (prompt tokens the engine reused from its prefix cache); the first
     segment's prompt carries ``setup_s`` (sandbox start). :mod:`shipyard.fleet.calibrate` reads them."""
     changes: str = ""
     """Unified diff of the workspace files the session changed (last segment only; "" elsewhere)."""

@@ -940,6 +940,44 @@ class OnlineConfig(_Section):
     """The evaluation gate of candidates."""
 
 
+class VerifyConfig(_Section):
+    """Verification of rollouts from nodes the trainer does not trust (`shipyard.fleet.verify`).
+    A node is a rollout worker (its `worker_id`); a batch from a node not in `trusted` is checked
+    before any of it is trained on, and a node that fails a check is quarantined."""
+
+    enabled: bool = False
+    """Verify batches of untrusted nodes (off: every node is trusted, as on one machine)."""
+    trusted: list[str] = []
+    """Node ids never checked; their batches calibrate the logprob tolerance."""
+    rollout_frac: float = Field(0.25, gt=0.0, le=1.0)
+    """Share of an untrusted batch's sessions whose logprobs are recomputed."""
+    token_frac: float = Field(0.25, gt=0.0, le=1.0)
+    """Share of a checked session's sampled tokens compared (at least `min_tokens`)."""
+    min_tokens: int = Field(8, ge=1)
+    """Fewest sampled tokens compared per checked session (all of them when it has fewer)."""
+    regrade_frac: float = Field(0.1, ge=0.0, le=1.0)
+    """Share of an untrusted batch's sessions replayed in a fresh sandbox and graded again."""
+    tolerance: float = Field(0.0, ge=0.0)
+    """Largest mean |claimed - recomputed| logprob over a session's compared tokens; 0: calibrated
+    as `tolerance_margin` x the largest seen on trusted nodes (`tolerance_floor` until
+    `calibration_sessions` were seen)."""
+    tolerance_margin: float = Field(3.0, ge=1.0)
+    """Multiple of the largest honest mismatch that still passes."""
+    tolerance_floor: float = Field(0.05, gt=0.0)
+    """Tolerance before calibration, and the least it can be."""
+    calibration_sessions: int = Field(16, ge=1)
+    """Trusted sessions checked before the calibrated tolerance replaces the floor."""
+    seed: int = 0
+    """Seeds which sessions and tokens are checked (a node cannot predict them)."""
+
+
+class FleetConfig(_Section):
+    """Regions, scheduling and trust across machines (`shipyard.fleet`)."""
+
+    verify: VerifyConfig = VerifyConfig()
+    """Verified rollouts from untrusted nodes."""
+
+
 class RunConfig(_Section):
     name: str = "demo"
     """Run name; outputs go to `output_dir/name`, and the run's weights, rollouts and control records
@@ -1007,6 +1045,8 @@ class ShipyardConfig(_Section):
     """Reward components and their weights."""
     online: OnlineConfig = OnlineConfig()
     """Real-time RL from served traffic: gateway, feedback, database, reward model."""
+    fleet: FleetConfig = FleetConfig()
+    """Regions, scheduling and verified rollouts."""
     anticheat: AntiCheatConfig = AntiCheatConfig()
     """Reward-hacking detectors and canary tasks."""
 

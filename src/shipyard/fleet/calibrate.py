@@ -22,7 +22,7 @@ benchmark prints).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +118,8 @@ def step_tokens(records: list[dict[str, Any]], batches: list[RolloutBatch]) -> d
 
 def session_of(segments: list[Trajectory]) -> Session:
     """One played session as the simulator sees it: per sampled turn, the prompt tokens the engine
-    forwarded (all of a segment's first, then what came since the last sample) and the samples."""
+    forwarded (the prompt less its ``cached`` tokens; where a record predates ``cached``, all of a
+    segment's first prompt, then what came since the last sample) and the samples."""
     turns: list[Turn] = []
     setup = 0.0
     for seg in segments:
@@ -127,9 +128,10 @@ def session_of(segments: list[Trajectory]) -> Session:
             setup += t.get("setup_s", 0.0)
             if "gen_s" not in t and t["role"] not in ("assistant", "summary"):
                 continue
-            turns.append(Turn(t["start"] - seen, t["end"] - t["start"], float(t.get("env_s", 0.0))))
+            forwarded = t["start"] - t.get("cached", seen)
+            turns.append(Turn(forwarded, t["end"] - t["start"], float(t.get("env_s", 0.0))))
             seen = t["end"]
-    return Session(setup, tuple(turns))
+    return Session(setup, tuple(turns), sum(len(seg.token_ids) for seg in segments))
 
 
 def workload_from_batches(batches: Iterable[RolloutBatch]) -> Workload:
@@ -175,3 +177,21 @@ def sim_figures(step_end_s: list[float], samples_per_step: list[int], idle_s: fl
         "steady_samples_per_s": sum(samples_per_step[1:]) / (elapsed - step_end_s[0]),
         "trainer_idle_frac": idle_s / elapsed,
     }
+
+
+def fit_contention(
+    throughput: Callable[[float], float], target: float, hi: float = 4.0, iters: int = 40
+) -> float:
+    """The host contention at which a simulated run's ``throughput(contention)`` (falling as
+    contention rises) meets the real run's ``target``, by bisection on ``[0, hi]``; 0 when the
+    simulation without contention is already no faster than the run."""
+    if throughput(0.0) <= target:
+        return 0.0
+    lo = 0.0
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if throughput(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

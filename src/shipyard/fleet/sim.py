@@ -16,7 +16,8 @@ share, staleness and sync lag are defined as the real run's (``summarize`` of it
 - the trainer takes batch ``s - 1`` of every worker for step ``s``, trains for
   ``step_base_s + per_token_s * tokens``, publishes after ``publish_s``; each region's servers hold
   the version ``sync_s`` later. A trained session's staleness is the trainer's version minus the
-  version its first token was sampled with.
+  version its first token was sampled with; a session over ``max_off_policy_steps`` is dropped;
+- on one host (``EngineProfile.contention > 0``), engines slow down while the trainer computes.
 
 Limits: no memory model (KV cache size, preemption), no network contention between regions, one
 model replica per server; everything is deterministic given ``seed``. Time is seconds from the
@@ -95,6 +96,8 @@ class _Server:
         self.admitted = 0
         self.version = 0
         self.busy_s = 0.0
+        self.slow = 1.0
+        """Time multiplier of decode steps and prefills (``1 + contention`` while the trainer computes)."""
         self.on_version: list[Callable[[], None]] = []
 
     def submit(self, job: _Job) -> None:
@@ -113,11 +116,16 @@ class _Server:
         for fn in self.on_version:
             fn()
 
+    def set_slow(self, slow: float) -> None:
+        self._advance()
+        self.slow = slow
+        self._schedule()
+
     def _advance(self) -> None:
         now = self.loop.now
         start = max(self.last, self.stall_until)
         if self.rows and now > start:
-            self.progress += (now - start) / self.p.step_s(len(self.rows))
+            self.progress += (now - start) / (self.p.step_s(len(self.rows)) * self.slow)
             self.busy_s += now - start
         self.last = max(self.last, now)
 
@@ -130,7 +138,7 @@ class _Server:
             self.admitted += 1
             prefill += job.prompt
         if prefill:
-            cost = prefill * self.p.prefill_per_token_s
+            cost = prefill * self.p.prefill_per_token_s * self.slow
             self.stall_until = max(self.loop.now, self.stall_until) + cost
             self.busy_s += cost
 
@@ -138,7 +146,7 @@ class _Server:
         self.epoch += 1
         if self.rows:
             least = max(self.rows[0][0] - self.progress, 0.0)
-            t = max(self.loop.now, self.stall_until) + least * self.p.step_s(len(self.rows))
+            t = max(self.loop.now, self.stall_until) + least * self.p.step_s(len(self.rows)) * self.slow
             self.loop.at(t, self._tick, self.epoch)
 
     def _tick(self, epoch: int) -> None:
@@ -255,6 +263,7 @@ class _Trainer:
             res.tokens += sum(t.sampled_tokens for t in session.turns)
             res.staleness.append(self.step - version)
         self.busy = True
+        self.sim.contend(True)
         train_s = self.p.step_s(sum(s.tokens for s, _ in sessions))
         self.sim.loop.at(now + train_s + self.p.publish_s, self._published)
 
@@ -262,6 +271,7 @@ class _Trainer:
         now = self.sim.loop.now
         self.step += 1
         self.busy, self.wait_from = False, now
+        self.sim.contend(False)
         self.sim.result.step_end_s.append(now)
         for region in self.sim.regions:
             self.sim.loop.at(now + region.spec.sync_s, region.adopt, self.step, now)
@@ -313,7 +323,7 @@ class _Sim:
         work: Workload,
         seed: int,
     ) -> None:
-        self.spec, self.work, self.loop = spec, work, _Loop()
+        self.spec, self.work, self.engine, self.loop = spec, work, engine, _Loop()
         self.result = SimResult(elapsed_s=0.0, samples=0, tokens=0, trainer_idle_s=0.0)
         rng = random.Random(seed)
         self.servers: list[_Server] = []
@@ -333,6 +343,12 @@ class _Sim:
                     _Production(self, s, r.production, random.Random(rng.random()))
         self.trainer = _Trainer(self, trainer, len(workers))
         self.workers = workers
+
+    def contend(self, training: bool) -> None:
+        """The trainer started or stopped computing: engines on the same host slow down or recover."""
+        if self.engine.contention:
+            for s in self.servers:
+                s.set_slow(1.0 + self.engine.contention if training else 1.0)
 
     def run(self) -> SimResult:
         for w in self.workers:

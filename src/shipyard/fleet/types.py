@@ -45,6 +45,9 @@ class EngineProfile:
     """Rows decoded together; later requests queue."""
     apply_s: float = 0.0
     """Seconds the engine pauses to apply a new version."""
+    contention: float = 0.0
+    """Share by which the engine slows while the trainer computes on the same host (a CPU machine
+    running both; 0 on separate devices): decode and prefill take ``1 + contention`` times longer."""
 
     def step_s(self, rows: int) -> float:
         return self.step_base_s + self.step_per_row_s * rows
@@ -80,11 +83,8 @@ class Turn:
 class Session:
     setup_s: float
     turns: tuple[Turn, ...]
-
-    @property
-    def tokens(self) -> int:
-        """Tokens the trainer forwards for this session (prompt, tool outputs, samples)."""
-        return sum(t.new_prompt_tokens + t.sampled_tokens for t in self.turns)
+    tokens: int
+    """Tokens the trainer forwards for this session (its segments' whole sequences)."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Workload:
             for k in range(turns):
                 sampled = min(max_tokens, max(1, round(median_tokens * math.exp(rng.gauss(0.0, sigma)))))
                 ts.append(Turn(prompt_tokens if k == 0 else tool_tokens, sampled, env_s))
-            out.append(Session(setup_s, tuple(ts)))
+            out.append(Session(setup_s, tuple(ts), sum(t.new_prompt_tokens + t.sampled_tokens for t in ts)))
         return Workload(out)
 
 

@@ -129,6 +129,8 @@ class _Row:
     """Pieces ``[n, L, K]`` (int16) of the experts used by each forwarded position, in order."""
     top: list[list[tuple[int, float]]] | None = None
     """Top logprobs per sampled token (when ``params.top_logprobs > 0``)."""
+    cached: int = 0
+    """Prompt tokens taken from the prefix cache at admission."""
 
 
 _WeightOp = tuple[torch.Tensor | None, torch.Tensor]
@@ -569,7 +571,13 @@ class EmbeddedEngine:
                 self._store_prefix(batch, b, row)
                 row.done(
                     GenerateResult(
-                        row.token_ids, row.logprobs, row.versions, row.finish, self._routes(row), row.top
+                        row.token_ids,
+                        row.logprobs,
+                        row.versions,
+                        row.finish,
+                        self._routes(row),
+                        row.top,
+                        cached_tokens=row.cached,
                     )
                 )
         if not keep:
@@ -657,6 +665,7 @@ class EmbeddedEngine:
         )
         self.stats["prefix_hits"] += 1
         self.stats["prefix_tokens"] += n
+        row.cached = n
         attn_BT = torch.ones((1, len(prompt)), dtype=torch.long)
         batch = _Batch([row], cache, attn_BT, torch.tensor([len(prompt) - 1]))
         return batch, out.logits[:, -1, :].float().cpu()

@@ -76,6 +76,9 @@ class GenerateResult:
     dense model or an engine that does not record routes."""
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per sampled token, the ``params.top_logprobs`` most likely (token id, logprob) (None when 0)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose keys/values came from the prefix cache (not forwarded; 0 where the
+    engine does not say)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,18 +2,23 @@
 
 Contract: :func:`build_worker` builds a :class:`~shipyard.rollout.worker.RolloutWorker` whether it
 runs as a thread of one process (``run.placement = "local"``) or inside a Ray actor (``"ray"``), so
-placement changes where things run, never what runs. The other components are built by their own
-packages: :func:`shipyard.inference.base.start_node`, :func:`shipyard.agent.spec.session_spec`,
+placement changes where things run, never what runs. :func:`trainer_gate` gives the trainer its
+:class:`~shipyard.fleet.verify.RolloutVerifier` when ``fleet.verify.enabled``. The other components
+are built by their own packages: :func:`shipyard.inference.base.start_node`, :func:`shipyard.agent.spec.session_spec`,
 :func:`shipyard.envs.tasks.splits.task_splits`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.tasks.splits import task_splits
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.types import Store
+from shipyard.trainer.feed import BatchGate
 
 
 def with_judge_server(cfg: ShipyardConfig, url: str) -> ShipyardConfig:
@@ -34,3 +39,17 @@ def build_worker(cfg: ShipyardConfig, worker_id: str, url: str, store: Store) ->
     train, _ = task_splits(cfg)
     cfg = with_judge_server(cfg, url)
     return RolloutWorker(worker_id, cfg, store, session_spec(cfg, client, load_tokenizer(cfg.model)), train)
+
+
+@contextmanager
+def trainer_gate(cfg: ShipyardConfig, store: Store) -> Iterator[BatchGate | None]:
+    """The verifier of untrusted nodes' batches (``fleet.verify``), None when verification is off;
+    its environment (services for re-grading) is closed on exit."""
+    if not cfg.fleet.verify.enabled:
+        yield None
+        return
+    from shipyard.envs.environment import Environment
+    from shipyard.fleet.verify import build_verifier
+
+    with Environment.from_config(cfg) as env:
+        yield build_verifier(cfg, store, env)

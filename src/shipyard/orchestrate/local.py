@@ -13,7 +13,7 @@ from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
 from shipyard.inference.base import InferenceNode, start_node
-from shipyard.orchestrate.components import build_worker
+from shipyard.orchestrate.components import build_worker, trainer_gate
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.run import open_run
 from shipyard.trainer.loop import run_trainer
@@ -48,7 +48,8 @@ class LocalPlacement:
 
     def _train(self) -> None:
         try:
-            self._result = run_trainer(self.cfg, self.store, self.run_dir)
+            with trainer_gate(self.cfg, self.store) as gate:
+                self._result = run_trainer(self.cfg, self.store, self.run_dir, gate=gate)
         except BaseException as e:  # surfaced by trainer_result()
             self._error = e
 

@@ -66,10 +66,15 @@ class _RankActor:
 
 
 def _train_rank(ranks: Any, cfg: ShipyardConfig, run_dir: str) -> dict[str, Any]:
+    from shipyard.orchestrate.components import trainer_gate
     from shipyard.store.run import open_run
     from shipyard.trainer.loop import run_trainer
 
-    return run_trainer(cfg, open_run(cfg.store, cfg.run.name), Path(run_dir), ranks)
+    store = open_run(cfg.store, cfg.run.name)
+    if not ranks.leader:  # rank 0 reads the feed
+        return run_trainer(cfg, store, Path(run_dir), ranks)
+    with trainer_gate(cfg, store) as gate:
+        return run_trainer(cfg, store, Path(run_dir), ranks, gate=gate)
 
 
 def start_rank_group(cfg: ShipyardConfig, fn: Any, *args: Any) -> list[Any]:

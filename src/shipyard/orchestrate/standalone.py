@@ -22,12 +22,14 @@ from shipyard.config.schema import ShipyardConfig
 
 def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
     """Train the run ``run.name`` (claiming its store first); returns the trainer's summary."""
+    from shipyard.orchestrate.components import trainer_gate
     from shipyard.store.run import claim_run
     from shipyard.trainer.loop import run_trainer
 
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     store = claim_run(cfg.store, cfg.run.name, run_dir)
-    return run_trainer(cfg, store, run_dir)
+    with trainer_gate(cfg, store) as gate:
+        return run_trainer(cfg, store, run_dir, gate=gate)
 
 
 def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:

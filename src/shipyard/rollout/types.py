@@ -37,6 +37,9 @@ class RolloutBatch:
     """``run.name`` of the run whose worker wrote the batch."""
     run_id: str = ""
     """That run's id (``shipyard.store.run.RunIdentity``); the trainer rejects any other (or none)."""
+    claims: dict[str, str] = field(default_factory=dict)
+    """Per weights version its tokens were sampled with (a decimal string), the state digest of the
+    weights the node says it ran; checked by :mod:`shipyard.fleet.verify` for untrusted nodes."""
 
     def key(self) -> str:
         return f"{ROLLOUT_PREFIX}{self.batch_id}.json.gz"
@@ -48,6 +51,7 @@ class RolloutBatch:
             "created_at": self.created_at,
             "run": self.run,
             "run_id": self.run_id,
+            "claims": self.claims,
             "stats": self.stats,
             "trajectories": [t.to_json() for t in self.trajectories],
         }

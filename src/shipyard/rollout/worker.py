@@ -42,6 +42,7 @@ from shipyard.envs.types import Task
 from shipyard.rollout.types import FINISHED_KEY, ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
+from shipyard.weights.versions import read_manifest
 
 
 class RolloutWorker:
@@ -64,6 +65,7 @@ class RolloutWorker:
         self.canaries = canary_tasks()
         self.sandboxes: SandboxPool | None = None
         """Pre-warmed sandboxes for function tasks while :meth:`run` runs (``sandbox.pool.rollouts``)."""
+        self._digests: dict[int, str] = {}
         self.sandbox_stats: dict[str, int] = {}
         """The pool's counters when the last :meth:`run` ended (created, warm_hits, peak_running, ...)."""
 
@@ -102,6 +104,17 @@ class RolloutWorker:
                 self.sandboxes = None
         return written
 
+    def digest(self, version: int) -> str:
+        """The state digest of ``version`` the batch claims: the published manifest's (the version
+        the server fetched, verified and applied is that manifest's); "" while none is published
+        (a server started from the model files before the trainer published version 0)."""
+        if version not in self._digests:
+            try:
+                self._digests[version] = read_manifest(self.store, version).state_digest
+            except FileNotFoundError:
+                return ""
+        return self._digests[version]
+
     def play_session(self, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
         """One session through the environment (function tasks take the worker's pool sandboxes)."""
         factory = self.sandboxes.acquire if self.sandboxes is not None else None
@@ -120,6 +133,7 @@ class RolloutWorker:
             gid = f"{self.worker_id}/{seq:08d}/{g}/{task.id}"
             jobs += [pool.submit(self.play_session, task, gid, i) for i in range(self.cfg.rollout.group_size)]
         trajs: list[Trajectory] = [seg for j in jobs for seg in j.result()]
+        used = {v for t in trajs for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
         return RolloutBatch(
             batch_id=f"{self.worker_id}/{seq:08d}",
             worker_id=self.worker_id,
@@ -127,6 +141,7 @@ class RolloutWorker:
             trajectories=trajs,
             run=self.identity.name,
             run_id=self.identity.run_id,
+            claims={str(v): self.digest(v) for v in sorted(used)},
             stats={
                 "seconds": time.time() - t0,
                 "version_at_start": version,

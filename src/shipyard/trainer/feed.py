@@ -11,7 +11,10 @@ their number of segments. A returned group lists its sessions by ``sample_idx``,
 segments in order. It waits (polling the store) until enough groups arrived, raising
 ``TimeoutError`` after ``timeout_s`` with no new batch. A batch whose ``run_id`` is not the
 trainer's run (another run's worker, or a batch from before runs were stamped) is never trained on:
-its groups are counted in ``foreign_rejected`` (per take and in total) and skipped.
+its groups are counted in ``foreign_rejected`` (per take and in total) and skipped. With a
+``gate`` (:class:`BatchGate`, e.g. :class:`shipyard.fleet.verify.RolloutVerifier`), a batch the
+gate does not admit is skipped (its groups counted in ``refused``), and queued groups of a node the
+gate has quarantined since are dropped (sessions counted in ``dropped_quarantined``).
 """
 
 from __future__ import annotations
@@ -19,10 +22,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from shipyard.agent.types import Trajectory, group_sessions, session_complete
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
 from shipyard.store.types import Store
+
+
+class BatchGate(Protocol):
+    """Decides which rollout batches may be trained on (:mod:`shipyard.fleet.verify`)."""
+
+    def admit(self, batch: RolloutBatch) -> bool: ...
+
+    def quarantined(self, node: str) -> bool: ...
 
 
 @dataclass
@@ -32,12 +44,19 @@ class Taken:
     dropped_stale: int = 0
     dropped_errors: int = 0
     foreign_rejected: int = 0
+    refused: int = 0
+    dropped_quarantined: int = 0
     staleness: list[int] = field(default_factory=list)
 
 
 class RolloutFeed:
     def __init__(
-        self, store: Store, run_id: str, consumed: set[str] | None = None, poll_s: float = 0.2
+        self,
+        store: Store,
+        run_id: str,
+        consumed: set[str] | None = None,
+        poll_s: float = 0.2,
+        gate: BatchGate | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -46,8 +65,11 @@ class RolloutFeed:
         self.foreign_rejected = 0
         """Groups of other runs' batches seen so far (never trained on)."""
         self._foreign_new = 0
+        self.gate = gate
+        self._refused_new = 0
         self._seen: set[str] = set()
-        self._queue: deque[list[Trajectory]] = deque()
+        self._queue: deque[tuple[str, list[Trajectory]]] = deque()
+        """(node, group) in arrival order."""
 
     def _poll(self) -> bool:
         new = [k for k in self.store.list(ROLLOUT_PREFIX) if k not in self._seen]
@@ -57,9 +79,14 @@ class RolloutFeed:
             if batch.run_id != self.run_id:
                 self._foreign_new += len(batch.groups())
                 continue
+            if self.gate is not None and not self.gate.admit(batch):
+                self._refused_new += len(batch.groups())
+                continue
             for gid, group in batch.groups().items():
                 if gid not in self.consumed:
-                    self._queue.append(sorted(group, key=lambda t: (t.sample_idx, t.segment_idx)))
+                    self._queue.append(
+                        (batch.worker_id, sorted(group, key=lambda t: (t.sample_idx, t.segment_idx)))
+                    )
         return bool(new)
 
     def take(self, n: int, current_version: int, max_off_policy_steps: int, timeout_s: float) -> Taken:
@@ -77,9 +104,12 @@ class RolloutFeed:
                 else:
                     time.sleep(self.poll_s)
                 continue
-            group = self._queue.popleft()
+            node, group = self._queue.popleft()
             self.consumed.add(group[0].group_id)
             sessions = group_sessions(group)
+            if self.gate is not None and self.gate.quarantined(node):
+                out.dropped_quarantined += len(sessions)
+                continue
             ok = [s for s in sessions if session_complete(s) and all(t.error is None for t in s)]
             out.dropped_errors += len(sessions) - len(ok)
             trajs = [t for s in ok for t in s]
@@ -95,5 +125,6 @@ class RolloutFeed:
             out.staleness.append(staleness)
         out.wait_s = time.time() - t0
         out.foreign_rejected, self._foreign_new = self._foreign_new, 0
+        out.refused, self._refused_new = self._refused_new, 0
         self.foreign_rejected += out.foreign_rejected
         return out

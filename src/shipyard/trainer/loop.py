@@ -37,13 +37,17 @@ from shipyard.rollout.types import FINISHED_KEY
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
 from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params, rank_tensors
-from shipyard.trainer.feed import RolloutFeed, Taken
+from shipyard.trainer.feed import BatchGate, RolloutFeed, Taken
 from shipyard.trainer.records import write_step_logprobs
 from shipyard.weights.snapshot import WeightPublisher, named_params, read_manifest
 
 
 def run_trainer(
-    cfg: ShipyardConfig, store: Store, run_dir: Path, ranks: Ranks = ONE_PROCESS
+    cfg: ShipyardConfig,
+    store: Store,
+    run_dir: Path,
+    ranks: Ranks = ONE_PROCESS,
+    gate: BatchGate | None = None,
 ) -> dict[str, Any]:
     """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads.
 
@@ -70,7 +74,7 @@ def run_trainer(
         "idle_s": 0.0,
     }
     publisher = make_publisher(cfg, store, with_feed=ranks.leader)
-    lead = _Leader(cfg, store, run_dir, identity.run_id, state, publisher) if ranks.leader else None
+    lead = _Leader(cfg, store, run_dir, identity.run_id, state, publisher, gate) if ranks.leader else None
     _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)  # a kill after the checkpoint
     if lead:
         _relog_checkpointed_step(lead.logger, state, store)  # after the re-publish: it reads the manifest
@@ -131,9 +135,10 @@ class _Leader:
         run_id: str,
         state: dict[str, Any],
         publisher: Any,
+        gate: BatchGate | None = None,
     ) -> None:
         self.publisher = publisher
-        self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]))
+        self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]), gate=gate)
         self.logger = MetricsLogger(run_dir)
 
     def take(self, cfg: ShipyardConfig, step: int) -> Taken:
@@ -305,6 +310,8 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
         "rollout/dropped_stale": float(taken.dropped_stale),
         "rollout/dropped_errors": float(taken.dropped_errors),
         "rollout/foreign_rejected": float(taken.foreign_rejected),
+        "rollout/refused_groups": float(taken.refused),
+        "rollout/dropped_quarantined": float(taken.dropped_quarantined),
         "rollout/samples": float(len(sessions)),
         "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
