@@ -9,8 +9,8 @@ Three stages in one run (issue 19, item 4):
    apply pause come from one real run, ``cal`` (async, two groups a step: the demo's shape), and so
    does one more figure: how much the engine slows while the trainer computes on the same two cores
    (``contention``, the one value fitted to match ``cal``'s throughput; 0 on separate devices).
-2. **Validate.** Three more real runs of other shapes (sync; one group a step; one turn of at most
-   96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
+2. **Validate.** Four more real runs of other shapes (sync; one group a step; streaming groups with
+   24 session slots; one turn of at most 96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
    per turn, turns, environment seconds, as the workers recorded them): the simulated throughput
    after the first step (start-up excluded; the first step's wait holds process start-up the model
    does not have) against the real one, ``sim_vs_real_throughput_rel_err`` (target <= 0.15 each).
@@ -19,7 +19,7 @@ Three stages in one run (issue 19, item 4):
    (how Shipyard's workers play today) and against async with streaming groups, over the rollout
    length tail (lognormal sigma) and the staleness bound. Plot: ``docs/fleet_sim.png``.
 
-    python benchmarks/fleet_sim.py            # SmolLM2-135M, 4 real runs of 8 steps (~25 min)
+    python benchmarks/fleet_sim.py            # SmolLM2-135M, 5 real runs of 8 steps (~30 min)
     python benchmarks/fleet_sim.py --quick    # tiny model, 4 runs of 4 steps, small predictions
     python benchmarks/fleet_sim.py --reuse    # simulate again from the recorded runs
 
@@ -54,6 +54,7 @@ RUNS: dict[str, list[str]] = {
     "cal": [],
     "sync": ["trainer.mode=sync"],
     "async_gps1": ["trainer.groups_per_step=1", "rollout.concurrency=8"],
+    "async_streaming": ["rollout.streaming=true", "rollout.concurrency=24"],
     "sync_1turn": [
         "trainer.mode=sync",
         "trainer.groups_per_step=1",
@@ -197,6 +198,7 @@ def pipeline_of(cfg: ShipyardConfig) -> PipelineSpec:
         group_size=cfg.rollout.group_size,
         concurrency=cfg.rollout.concurrency,
         max_off_policy_steps=t.max_off_policy_steps,
+        streaming=cfg.rollout.streaming,
     )
 
 

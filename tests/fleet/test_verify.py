@@ -86,7 +86,7 @@ def test_honest_nodes_pass_and_calibrate_the_tolerance(world: dict[str, Any]) ->
     v = verifier(world)
     assert v.admit(batch(world, "trusted", 0, sessions(world, world["model"], "trusted/0/0")))
     assert len(v.stats.honest_mismatch) == 2 and max(v.stats.honest_mismatch) < 1e-4  # same fp32 weights
-    assert v.tolerance == pytest.approx(0.05)  # the floor: 3 x the honest mismatch is smaller
+    assert v.tolerance == pytest.approx(0.1)  # the floor: 3 x the honest mismatch is smaller
     assert v.admit(batch(world, "n1", 0, sessions(world, world["model"], "n1/0/0")))
     assert v.stats.sessions_checked == 4 and v.stats.sessions_regraded == 2 and not v.evidence
 
@@ -127,9 +127,7 @@ def test_every_cheat_is_caught_with_evidence_and_the_node_stays_out(world: dict[
     assert {node: ev.check for node, ev in v.evidence.items()} == expect
     ev = json.loads(world["store"].get(f"{QUARANTINE_PREFIX}inflate.json"))
     assert ev["check"] == "rewards" and ev["detail"]["claimed"] == 1.0 and ev["detail"]["regraded"] == 0.0
-    assert (
-        json.loads(world["store"].get(f"{QUARANTINE_PREFIX}fab.json"))["detail"]["mean_abs_dlogprob"] > 0.05
-    )
+    assert json.loads(world["store"].get(f"{QUARANTINE_PREFIX}fab.json"))["detail"]["mean_abs_dlogprob"] > 0.1
     # a quarantined node's next batch is refused even if it is honest now
     assert not v.admit(batch(world, "wrong", 1, sessions(world, world["model"], "w/1/0")))
     assert v.stats.refused_batches == 6

@@ -107,3 +107,43 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
 
 def _params(node: EmbeddedNode) -> dict:
     return {n: p.detach().clone() for n, p in node.engine.model.named_parameters()}
+
+
+SLOW = Task(
+    id="slow",
+    prompt="Write `f()` returning 1.",
+    entry_point="f",
+    hidden_tests="import time\n\ndef test_slow():\n    time.sleep(4)\n",
+)
+
+
+def test_streaming_worker_writes_groups_in_finishing_order_under_the_version_gate(tmp_path: Path) -> None:
+    """A slow group holds back only itself; version 0 allows groups 0-5 (lag 2, 2 groups a batch)."""
+    import random
+
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'store.root="{tmp_path}"',
+            "trainer.groups_per_step=2",
+            "rollout.group_size=2",
+            "rollout.concurrency=8",
+            "rollout.streaming=true",
+        ],
+    )
+    tasks = [SLOW, GOOD, GOOD]
+    picks = [random.Random(f"0/w0/g{g}").choice(tasks).id for g in range(6)]
+    first_slow = picks.index("slow")
+    assert first_slow < 5 and "ok" in picks[first_slow + 1 :], picks  # the seeds give the test its shape
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
+    node = EmbeddedNode(cfg, store)
+    try:
+        spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
+        worker = RolloutWorker("w0", cfg, store, spec, tasks)
+        assert worker.run(max_batches=3) == 3
+    finally:
+        node.stop()
+    batches = [RolloutBatch.from_bytes(store.get(k)) for k in sorted(store.list("rollouts/w0/"))]
+    order = [int(gid.split("/")[1][1:]) for b in batches for gid in b.groups()]
+    assert sorted(order) == list(range(6)) and all(len(g) == 2 for b in batches for g in b.groups().values())
+    assert order.index(first_slow) > order.index(picks.index("ok", first_slow + 1)), order  # overtaken

@@ -338,6 +338,10 @@ class RolloutConfig(_Section):
     """Sessions per task (the GRPO group)."""
     concurrency: int = Field(8, ge=1)
     """Sessions a worker runs at once (their turns batch together on the server)."""
+    streaming: bool = False
+    """Start groups as session slots free up and write batches of the groups that finished first
+    (a long session holds back only its own group); off: a worker plays a batch's groups together
+    and starts the next batch when the last session ends."""
 
 
 class LossConfig(_Section):
@@ -955,7 +959,7 @@ class VerifyConfig(_Section):
     """Share of a checked session's sampled tokens compared (at least `min_tokens`)."""
     min_tokens: int = Field(8, ge=1)
     """Fewest sampled tokens compared per checked session (all of them when it has fewer)."""
-    regrade_frac: float = Field(0.1, ge=0.0, le=1.0)
+    regrade_frac: float = Field(0.25, ge=0.0, le=1.0)
     """Share of an untrusted batch's sessions replayed in a fresh sandbox and graded again."""
     tolerance: float = Field(0.0, ge=0.0)
     """Largest mean |claimed - recomputed| logprob over a session's compared tokens; 0: calibrated
@@ -963,10 +967,11 @@ class VerifyConfig(_Section):
     `calibration_sessions` were seen)."""
     tolerance_margin: float = Field(3.0, ge=1.0)
     """Multiple of the largest honest mismatch that still passes."""
-    tolerance_floor: float = Field(0.05, gt=0.0)
+    tolerance_floor: float = Field(0.1, gt=0.0)
     """Tolerance before calibration, and the least it can be."""
     calibration_sessions: int = Field(16, ge=1)
-    """Trusted sessions checked before the calibrated tolerance replaces the floor."""
+    """Trusted sessions checked (all of a trusted batch's, in arrival order) before the calibrated
+    tolerance replaces the floor."""
     seed: int = 0
     """Seeds which sessions and tokens are checked (a node cannot predict them)."""
 

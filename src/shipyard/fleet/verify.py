@@ -154,9 +154,8 @@ class RolloutVerifier:
         sessions = group_sessions(batch.trajectories)
         rng = random.Random(f"{self.cfg.seed}/{batch.batch_id}")
         if node in self.cfg.trusted:
-            if len(self.stats.honest_mismatch) < self.cfg.calibration_sessions:
-                for s in self._sample(sessions, self.cfg.rollout_frac, rng):
-                    self.stats.honest_mismatch.append(self._mismatch(s, rng)[0])
+            for s in sessions[: max(0, self.cfg.calibration_sessions - len(self.stats.honest_mismatch))]:
+                self.stats.honest_mismatch.append(self.mismatch(s, rng)[0])
             self._remember(batch)
             return True
         found = (
@@ -207,7 +206,7 @@ class RolloutVerifier:
                 return Evidence(batch.worker_id, "digest", batch.batch_id, "", detail)
         return None
 
-    def _mismatch(self, segments: list[Trajectory], rng: random.Random) -> tuple[float, int]:
+    def mismatch(self, segments: list[Trajectory], rng: random.Random) -> tuple[float, int]:
         """Mean |claimed - recomputed| over a random share of the session's sampled tokens."""
         import torch
 
@@ -242,7 +241,7 @@ class RolloutVerifier:
         self, batch: RolloutBatch, sessions: list[list[Trajectory]], rng: random.Random
     ) -> Evidence | None:
         for s in self._sample(sessions, self.cfg.rollout_frac, rng):
-            mean_abs, n = self._mismatch(s, rng)
+            mean_abs, n = self.mismatch(s, rng)
             if mean_abs > self.tolerance:
                 detail = {"mean_abs_dlogprob": mean_abs, "tokens": n, "tolerance": self.tolerance}
                 return Evidence(batch.worker_id, "logprobs", batch.batch_id, s[0].session_id, detail)

@@ -7,7 +7,11 @@ Before starting batch ``k`` the worker waits until its inference server serves a
 ``k - lag``: ``lag = 0`` in ``sync`` mode (batch k is sampled with version k exactly: the rollouts
 wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode (generation runs
 ahead of the trainer by at most that many versions and never waits otherwise). It always samples
-with the newest weights the server has; each token records its version. A session that crashes
+with the newest weights the server has; each token records its version. With
+``rollout.streaming`` the worker does not wait for a batch's last session: groups start as
+session slots free up (group ``g`` once the server holds ``>= g // share - lag``) and batch ``k``
+holds the ``k``-th ``share`` groups to finish (the trainer drops what ends up over the staleness
+bound). A session that crashes
 is recorded with its error (see :func:`shipyard.agent.play.play`). A session that summarized itself contributes
 all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
@@ -28,7 +32,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
@@ -87,8 +91,11 @@ class RolloutWorker:
             self.sandboxes = SandboxPool(self.cfg.sandbox)
         try:
             with ThreadPoolExecutor(
-                self.cfg.rollout.concurrency, thread_name_prefix=f"{self.worker_id}-s"
+                max(self.cfg.rollout.concurrency, self.cfg.rollout.group_size),
+                thread_name_prefix=f"{self.worker_id}-s",
             ) as pool:
+                if self.cfg.rollout.streaming:
+                    return self._run_streaming(pool, max_batches)
                 while not self.should_stop() and (max_batches is None or written < max_batches):
                     if not self.wait_for_version(self.next_seq - self.lag):
                         break
@@ -120,19 +127,67 @@ class RolloutWorker:
         factory = self.sandboxes.acquire if self.sandboxes is not None else None
         return play(self.spec, task, group_id, sample_idx, self.env, factory)
 
+    def _start_group(
+        self, pool: ThreadPoolExecutor, rng: random.Random, gid: str
+    ) -> list[Future[list[Trajectory]]]:
+        """Submit one group's sessions: a task drawn by ``rng`` (a canary at ``anticheat.canary_rate``)."""
+        task = rng.choice(self.tasks)
+        rate = self.cfg.anticheat.canary_rate
+        if rate and rng.random() < rate:
+            task = rng.choice(self.canaries)
+        return [
+            pool.submit(self.play_session, task, f"{gid}/{task.id}", i)
+            for i in range(self.cfg.rollout.group_size)
+        ]
+
     def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
         rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")
         version = self.spec.client.version()
         t0 = time.time()
-        jobs = []
-        for g in range(self.share):
-            task = rng.choice(self.tasks)
-            rate = self.cfg.anticheat.canary_rate
-            if rate and rng.random() < rate:
-                task = rng.choice(self.canaries)
-            gid = f"{self.worker_id}/{seq:08d}/{g}/{task.id}"
-            jobs += [pool.submit(self.play_session, task, gid, i) for i in range(self.cfg.rollout.group_size)]
-        trajs: list[Trajectory] = [seg for j in jobs for seg in j.result()]
+        jobs = [
+            j
+            for g in range(self.share)
+            for j in self._start_group(pool, rng, f"{self.worker_id}/{seq:08d}/{g}")
+        ]
+        return self._batch(seq, [seg for j in jobs for seg in j.result()], t0, version)
+
+    def _run_streaming(self, pool: ThreadPoolExecutor, max_batches: int | None) -> int:
+        """``rollout.streaming``: groups start as session slots free up (``concurrency``, at least a
+        group), group ``g`` once the server holds version ``>= g // share - lag``; batches are made
+        of groups in the order they finish, so a long session holds back only its own group."""
+        size, share = self.cfg.rollout.group_size, self.share
+        slots = max(self.cfg.rollout.concurrency, size)
+        started, written = self.next_seq * share, 0
+        running: dict[str, tuple[list[Future[list[Trajectory]]], int, float]] = {}
+        done: list[tuple[list[Trajectory], int, float]] = []
+        while not self.should_stop() and (max_batches is None or written < max_batches):
+            while (
+                len(running) + 1
+            ) * size <= slots and self.spec.client.version() >= started // share - self.lag:
+                rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/g{started}")
+                gid = f"{self.worker_id}/g{started:08d}"
+                running[gid] = (self._start_group(pool, rng, gid), self.spec.client.version(), time.time())
+                started += 1
+            futures = [f for fs, _, _ in running.values() for f in fs]
+            if futures:
+                wait(futures, timeout=0.1, return_when=FIRST_COMPLETED)
+            else:
+                time.sleep(0.1)  # waiting for the version gate
+            for gid in [g for g, (fs, _, _) in running.items() if all(f.done() for f in fs)]:
+                fs, version, t0 = running.pop(gid)
+                done.append(([seg for f in fs for seg in f.result()], version, t0))
+            while len(done) >= share:
+                take, done = done[:share], done[share:]
+                trajs = [t for group, _, _ in take for t in group]
+                batch = self._batch(
+                    self.next_seq, trajs, min(t for _, _, t in take), min(v for _, v, _ in take)
+                )
+                self.store.put(batch.key(), batch.to_bytes())
+                self.next_seq += 1
+                written += 1
+        return written
+
+    def _batch(self, seq: int, trajs: list[Trajectory], t0: float, version: int) -> RolloutBatch:
         used = {v for t in trajs for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
         return RolloutBatch(
             batch_id=f"{self.worker_id}/{seq:08d}",
