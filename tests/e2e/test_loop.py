@@ -88,6 +88,26 @@ def test_sync_mode_samples_each_step_with_the_previous_version(tmp_path: Path) -
     assert [read_manifest(store, v).kind for v in (1, 2)] == ["delta", "delta"]
 
 
+def test_verified_streaming_run_trains_an_untrusted_honest_worker(tmp_path: Path) -> None:
+    """``fleet.verify`` on, the only worker untrusted, every session checked and re-graded, groups
+    streamed: the run trains on all of it, and quarantines nothing."""
+    over = [
+        "fleet.verify.enabled=true",
+        "fleet.verify.rollout_frac=1.0",
+        "fleet.verify.regrade_frac=1.0",
+        "rollout.streaming=true",
+    ]
+    train(load_config(ROOT / "configs/tiny.toml", _overrides(tmp_path, *over)))
+    store = LocalStore(tmp_path / "store" / "tiny")
+    steps = [r for r in read_metrics(tmp_path / "tiny/metrics.jsonl") if r.get("kind") == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3] and not store.list("fleet/quarantine/")
+    assert sum(r["rollout/refused_groups"] + r["rollout/dropped_quarantined"] for r in steps) == 0
+    batches = [RolloutBatch.from_bytes(store.get(k)) for k in store.list("rollouts/")]
+    digests = {v: read_manifest(store, int(v)).state_digest for b in batches for v in b.claims}
+    assert all(b.claims == {v: digests[v] for v in b.claims} and b.claims for b in batches)
+    assert all("/g" in gid for b in batches for gid in b.groups())  # streamed group ids
+
+
 @pytest.mark.timeout(600)
 def test_killed_run_resumes_without_losing_versions_or_reusing_rollouts(tmp_path: Path) -> None:
     cmd = [
