@@ -91,3 +91,13 @@ def test_run_eval_plays_db_and_repo_suites_through_the_environment(tmp_path: Pat
         lo, hi = res["ci95"]
         assert 0.0 <= lo <= res["pass1"] <= hi <= 1.0
     assert not (tmp_path / "humaneval.json").exists()  # only the humaneval suite writes there
+
+
+def test_function_heldout_never_silently_shrinks() -> None:
+    cfg = _cfg()  # 40 generated tasks: a held-out split of 10
+    assert len(heldout_tasks(cfg, "function", 10)) == 10
+    with pytest.raises(
+        ValueError,
+        match=r"eval.heldout_n=11 but the held-out split has 10 tasks .* raise tasks.num_generated",
+    ):
+        heldout_tasks(cfg, "function", 11)

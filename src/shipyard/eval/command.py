@@ -21,7 +21,7 @@ from rich.console import Console
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
-from shipyard.envs.tasks.splits import heldout_tasks, task_splits
+from shipyard.envs.tasks.splits import heldout_tasks
 from shipyard.eval.evaluate import evaluate
 from shipyard.metrics.progress import StepBar
 
@@ -40,7 +40,7 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     spec = session_spec(cfg, LocalInferenceClient(engine), tok)
     suites = {
         "humaneval": humaneval_tasks(cfg.eval.humaneval_n) if "humaneval" in cfg.eval.suites else [],
-        "heldout": task_splits(cfg)[1][: cfg.eval.heldout_n] if "heldout" in cfg.eval.suites else [],
+        "heldout": heldout_tasks(cfg, "function", cfg.eval.heldout_n) if "heldout" in cfg.eval.suites else [],
         "db": heldout_tasks(cfg, "db", cfg.eval.db_n) if "db" in cfg.eval.suites else [],
         "repo": heldout_tasks(cfg, "repo", cfg.eval.repo_n) if "repo" in cfg.eval.suites else [],
     }

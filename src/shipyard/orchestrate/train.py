@@ -28,7 +28,7 @@ from rich.console import Console
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import ShipyardConfig
-from shipyard.envs.tasks.splits import task_splits
+from shipyard.envs.tasks.splits import heldout_tasks
 from shipyard.eval.evaluate import EvalResult, evaluate
 from shipyard.eval.stats import paired_diff_ci
 from shipyard.metrics.logger import read_metrics
@@ -58,7 +58,7 @@ def train(cfg: ShipyardConfig) -> dict[str, Any]:
         urls = placement.start_inference()
         client = open_client(cfg, urls[0])
         spec = session_spec(cfg, client, tokenizer)
-        heldout = task_splits(cfg)[1][: cfg.eval.heldout_n]
+        heldout = heldout_tasks(cfg, "function", cfg.eval.heldout_n)
         before = (
             _eval_once(run_dir / "eval_before.json", spec, heldout, cfg, store)
             if cfg.run.eval_before_after

@@ -43,7 +43,8 @@ HELDOUT_KINDS = ("function", "db", "repo")
 def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
     """``n`` held-out tasks of ``kind`` from the generators the run trains on, none of them trained on.
 
-    - ``function``: the first ``n`` of :func:`task_splits`' held-out tasks (``tasks.set``);
+    - ``function``: the first ``n`` of :func:`task_splits`' held-out tasks (``tasks.set``), never
+      fewer (a ValueError names the fields);
     - ``db``: ``db_tasks(tasks.num_db + n, tasks.seed)[tasks.num_db:]``: the rollout worker trains on
       the first ``tasks.num_db`` tasks, and task ``k`` of the generator does not depend on ``n``, so
       these are other instances (own rows, names and checks) of the same migration families;
@@ -56,7 +57,14 @@ def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
     """
     t = cfg.tasks
     if kind == "function":
-        return task_splits(cfg)[1][:n]
+        held = task_splits(cfg)[1]
+        if len(held) < n:
+            raise ValueError(
+                f"eval.heldout_n={n} but the held-out split has {len(held)} tasks (tasks.num_generated="
+                f"{t.num_generated}, tasks.heldout_frac={t.heldout_frac}, tasks.max_difficulty={t.max_difficulty}): "
+                "lower eval.heldout_n or raise tasks.num_generated"
+            )
+        return held[:n]
     if kind == "db":
         from shipyard.envs.tasks.db import db_tasks
 
