@@ -4,13 +4,14 @@ Three stages in one run (issue 19, item 4):
 
 1. **Calibrate.** The engine is timed alone (:class:`EmbeddedEngine` of the run's config, batches
    of 1-16 rows, short and long prompts) and fitted as ``base + per_row * rows`` seconds per decode
-   step plus a cost per prompt token (:func:`shipyard.fleet.calibrate.fit_engine`). The trainer's
-   step time (against the step's tokens), its publish time, a version's sync time and the engine's
-   apply pause come from one real run, ``cal`` (async, two groups a step: the demo's shape), and so
-   does one more figure: how much the engine slows while the trainer computes on the same two cores
-   (``contention``, the one value fitted to match ``cal``'s throughput; 0 on separate devices).
-2. **Validate.** Four more real runs of other shapes (sync; one group a step; streaming groups with
-   24 session slots; one turn of at most 96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
+   step plus a cost per prompt token (:func:`shipyard.fleet.calibrate.fit_engine`); the optimizer
+   step is timed alone on one real run's groups (``cal``: ``make demo``'s shape, async, one group a
+   step) and fitted against the tokens it forwards (each micro-batch padded to its longest). From ``cal``'s records come the publish time, a
+   version's sync time and the engine's apply pause, and one fitted figure: how much engine and
+   trainer slow each other on the same two cores (``contention``, the one value chosen to match
+   ``cal``'s throughput; 0 on separate devices).
+2. **Validate.** Four more real runs of other shapes (sync; two groups a step; streaming groups
+   with 24 session slots; one turn of at most 96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
    per turn, turns, environment seconds, as the workers recorded them): the simulated throughput
    after the first step (start-up excluded; the first step's wait holds process start-up the model
    does not have) against the real one, ``sim_vs_real_throughput_rel_err`` (target <= 0.15 each).
@@ -53,7 +54,7 @@ OUT = ROOT / "runs" / "fleet_sim"
 RUNS: dict[str, list[str]] = {
     "cal": [],
     "sync": ["trainer.mode=sync"],
-    "async_gps1": ["trainer.groups_per_step=1", "rollout.concurrency=8"],
+    "async_gps2": ["trainer.groups_per_step=2", "rollout.concurrency=16"],
     "async_streaming": ["rollout.streaming=true", "rollout.concurrency=24"],
     "sync_1turn": [
         "trainer.mode=sync",
@@ -130,7 +131,7 @@ def measure_engine(cfg: ShipyardConfig, quick: bool) -> tuple[EngineProfile, lis
     engine = EmbeddedEngine(model, tok, max_batch=cfg.inference.max_batch, version=0, prefix_cache_mb=0)
     text = "\n".join(p.read_text() for p in sorted((ROOT / "src" / "shipyard" / "fleet").glob("*.py")))
     ids = tok(text)["input_ids"] * 3  # distinct prompts for every call (no prefix cache anyway)
-    shapes = [(1, 150), (2, 300), (4, 150), (8, 300), (8, 450), (16, 150), (16, 450)]
+    shapes = [(1, 150), (2, 300), (4, 150), (4, 450), (8, 300), (8, 450), (12, 150), (16, 150), (16, 450)] * 2
     new = 8 if quick else 48
     points = []
     for i, (rows, plen) in enumerate([(2, 150), *shapes]):  # the first call warms up, not kept
@@ -159,12 +160,52 @@ def run_records(cfg: ShipyardConfig) -> tuple[list[dict[str, Any]], Any]:
     return records, open_run(cfg.store, cfg.run.name)
 
 
-def calibrate_from(cfg: ShipyardConfig, engine: EngineProfile) -> tuple[TrainerProfile, EngineProfile, float]:
-    """The trainer, the apply pause, the sync time and the host contention from the calibration run."""
+def measure_trainer(cfg: ShipyardConfig, batches: list[Any]) -> list[tuple[int, float]]:
+    """Time the run's optimizer step alone on the calibration run's own groups: 1, 2 and 3 groups,
+    twice each after a warm-up; (padded tokens forwarded, seconds) per step."""
+    from shipyard.trainer.advantages import batch_advantages
+    from shipyard.trainer.distributed import ONE_PROCESS
+    from shipyard.trainer.loop import build_policy
+    from shipyard.trainer.step import train_step
+
+    policy = build_policy(cfg, ONE_PROCESS)
+    padded = TrainerProfile(0.0, 0.0, 0.0, micro_batch=cfg.trainer.micro_batch)
+    groups = [
+        sorted(g, key=lambda t: (t.sample_idx, t.segment_idx)) for b in batches for g in b.groups().values()
+    ]
+    points = []
+    for i, n in enumerate([2, 1, 2, 3, 1, 2, 3]):  # the first one warms up, not kept
+        chosen = groups[i : i + n]
+        batch = batch_advantages(chosen, cfg.trainer.loss, cfg.agent.summary)
+        t0 = time.perf_counter()
+        train_step(
+            policy.scorer,
+            policy.optimizer,
+            batch.trajectories,
+            batch.advantages,
+            cfg=policy.tcfg,
+            pad_id=policy.tok.pad_token_id,
+            temperature=cfg.sampling.temperature,
+        )
+        if i:
+            lengths = [len(t.token_ids) for t in batch.trajectories]
+            points.append((padded.cost_tokens(lengths), time.perf_counter() - t0))
+    return points
+
+
+def calibrate_from(
+    cfg: ShipyardConfig, engine: EngineProfile
+) -> tuple[TrainerProfile, EngineProfile, float, list[tuple[int, float]]]:
+    """From the calibration run: the trainer timed alone on its groups, its publish time, the sync
+    time, the apply pause, and the host contention fitted to its throughput."""
     records, store = run_records(cfg)
     batches = cal.read_batches(store)
-    trainer = cal.fit_trainer(records, cal.step_tokens(records, batches))
-    pauses = [json.loads(store.get(k))["pause_s"] for k in store.list("adoptions/")]
+    points = measure_trainer(cfg, batches)
+    base, per_token = cal.fit_linear([p[0] for p in points], [p[1] for p in points])
+    publish_s = cal.fit_trainer(records, cal.step_tokens(records, batches)).publish_s
+    trainer = TrainerProfile(base, per_token, publish_s, micro_batch=cfg.trainer.micro_batch)
+    events = [json.loads(store.get(k)) for k in store.list("adoptions/")]
+    pauses = [e["pause_s"] for e in events if e["pause_s"] is not None]  # None: applied while idle
     lag = cal.sync_lag(store)
     sync_s = statistics.median(lag) if lag else 0.0
     engine = replace(engine, apply_s=statistics.median(pauses) if pauses else 0.0)
@@ -176,7 +217,7 @@ def calibrate_from(cfg: ShipyardConfig, engine: EngineProfile) -> tuple[TrainerP
             "steady_samples_per_s"
         ]
 
-    return trainer, replace(engine, contention=cal.fit_contention(throughput, target)), sync_s
+    return trainer, replace(engine, contention=cal.fit_contention(throughput, target)), sync_s, points
 
 
 def simulated(
@@ -333,7 +374,7 @@ def main() -> None:
     engine, points = measure_engine(cfg0, args.quick)
     harness.console.print(f"engine: {engine} (fit error {cal.engine_fit_error(engine, points):.1%})")
     cfgs = {name: run_real(name, args.quick, args.reuse) for name in RUNS}
-    trainer, engine, sync_s = calibrate_from(cfgs["cal"], engine)
+    trainer, engine, sync_s, trainer_points = calibrate_from(cfgs["cal"], engine)
     harness.console.print(
         f"trainer: {trainer}; sync {sync_s:.2f} s; apply pause {engine.apply_s:.3f} s; contention {engine.contention:.2f}"
     )
@@ -364,6 +405,7 @@ def main() -> None:
             "engine_points": [p.__dict__ for p in points],
             "engine_fit_max_rel_err": cal.engine_fit_error(engine, points),
             "trainer": trainer.__dict__,
+            "trainer_points": trainer_points,
             "sync_s": sync_s,
             "run": "cal",
         },

@@ -126,7 +126,7 @@ def test_streaming_keeps_servers_busy_past_a_straggler_and_drops_over_the_bound(
     assert stream.dropped_stale > 0 and stream.samples + stream.dropped_stale == 30 * 8
 
 
-def test_host_contention_slows_engines_only_while_the_trainer_computes() -> None:
+def test_host_contention_slows_engine_and_trainer_while_both_compute() -> None:
     from dataclasses import replace
 
     shared = replace(ENGINE, contention=1.0)
@@ -135,12 +135,13 @@ def test_host_contention_slows_engines_only_while_the_trainer_computes() -> None
     assert simulate(spec("sync", steps=4), ONE, shared, slow, work(200)).elapsed_s == pytest.approx(
         simulate(spec("sync", steps=4), ONE, ENGINE, slow, work(200)).elapsed_s
     )
-    # async: the 2 s of training overlap generation, which runs at half speed meanwhile:
-    # 3 s of generation alone take 2 s (at half speed: 1 s of work) + 2 s more
-    out = simulate(spec("async", steps=6), ONE, shared, slow, work(200))
-    alone = simulate(spec("async", steps=6), ONE, ENGINE, slow, work(200))
-    assert out.step_end_s[-1] - out.step_end_s[-2] == pytest.approx(4.0)
-    assert alone.step_end_s[-1] - alone.step_end_s[-2] == pytest.approx(3.0)
+    # async, steady state: a batch (3 s of generation alone) and a step (2 s alone) start together
+    # and run at half speed; the step ends after 4 s, when 2 s of generation are done, and the last
+    # second of generation runs alone: 5 s a step, against 3 s (generation-bound) on two devices
+    out = simulate(spec("async", steps=8), ONE, shared, slow, work(200))
+    alone = simulate(spec("async", steps=8), ONE, ENGINE, slow, work(200))
+    assert out.step_end_s[5] - out.step_end_s[4] == pytest.approx(5.0)
+    assert alone.step_end_s[5] - alone.step_end_s[4] == pytest.approx(3.0)
 
 
 def test_contention_fit_finds_the_matching_slowdown() -> None:
@@ -158,3 +159,9 @@ def test_contention_fit_finds_the_matching_slowdown() -> None:
     target = throughput(0.6)
     assert fit_contention(throughput, target) == pytest.approx(0.6, abs=1e-3)
     assert fit_contention(throughput, throughput(0.0) * 1.2) == 0.0  # faster than contention-free: none
+
+
+def test_trainer_cost_counts_padded_micro_batches() -> None:
+    assert TrainerProfile(0.0, 1.0, 0.0).cost_tokens([1, 5, 2, 2]) == 10
+    assert TrainerProfile(0.0, 1.0, 0.0, micro_batch=2).cost_tokens([1, 5, 2, 2]) == 2 * 5 + 2 * 2
+    assert TrainerProfile(0.0, 1.0, 0.0, micro_batch=4).cost_tokens([1, 5, 2]) == 3 * 5

@@ -74,7 +74,7 @@ def engine_fit_error(profile: EngineProfile, points: list[EnginePoint]) -> float
     return worst
 
 
-def _linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
+def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Intercept and slope of ``ys`` on ``xs``, the slope held >= 0 (a flat fit if it is not)."""
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     if len(x) < 2 or np.ptp(x) == 0:
@@ -90,7 +90,7 @@ def fit_trainer(records: list[dict[str, Any]], step_tokens: dict[int, int]) -> T
     train = [r for r in records if r.get("kind") == "train" and r["step"] in step_tokens]
     if len(train) < 2:
         raise ValueError("fit_trainer needs at least 2 train records with known step tokens")
-    base, per_token = _linear([step_tokens[r["step"]] for r in train], [r["time/train_s"] for r in train])
+    base, per_token = fit_linear([step_tokens[r["step"]] for r in train], [r["time/train_s"] for r in train])
     publish = []
     for prev, cur in zip(train, train[1:], strict=False):
         if cur["step"] == prev["step"] + 1:

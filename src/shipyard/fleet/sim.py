@@ -17,7 +17,9 @@ share, staleness and sync lag are defined as the real run's (``summarize`` of it
   ``step_base_s + per_token_s * tokens``, publishes after ``publish_s``; each region's servers hold
   the version ``sync_s`` later. A trained session's staleness is the trainer's version minus the
   version its first token was sampled with; a session over ``max_off_policy_steps`` is dropped;
-- on one host (``EngineProfile.contention > 0``), engines slow down while the trainer computes.
+- on one host (``EngineProfile.contention > 0``), engine and trainer slow each other by
+  ``1 + contention``: engines while the trainer steps or publishes, the optimizer step while an
+  engine decodes (publishing is storage work and keeps its pace).
 
 Limits: no memory model (KV cache size, preemption), no network contention between regions, one
 model replica per server; everything is deterministic given ``seed``. Time is seconds from the
@@ -99,13 +101,21 @@ class _Server:
         self.slow = 1.0
         """Time multiplier of decode steps and prefills (``1 + contention`` while the trainer computes)."""
         self.on_version: list[Callable[[], None]] = []
+        self.on_busy: Callable[[], None] | None = None
+        """Called when the server starts or stops decoding (the host's trainer slows meanwhile)."""
 
     def submit(self, job: _Job) -> None:
         job.arrived = self.loop.now
         (self.prod_queue if job.production else self.queue).append(job)
+        busy = bool(self.rows)
         self._advance()
         self._admit()
         self._schedule()
+        self._busy_changed(busy)
+
+    def _busy_changed(self, before: bool) -> None:
+        if self.on_busy is not None and bool(self.rows) != before:
+            self.on_busy()
 
     def apply(self, version: int) -> None:
         self._advance()
@@ -158,6 +168,7 @@ class _Server:
             finished.append(heapq.heappop(self.rows)[2])
         self._admit()
         self._schedule()
+        self._busy_changed(True)
         for job in finished:
             job.done(job)
 
@@ -242,6 +253,8 @@ class _Trainer:
         self.sim, self.p, self.workers = sim, profile, workers
         self.step, self.busy, self.wait_from = 0, False, 0.0
         self.batches: dict[int, list[_Batch]] = {}
+        self.training, self.work_left, self.last, self.rate, self.epoch = False, 0.0, 0.0, 1.0, 0
+        self.rng = random.Random(f"trainer/{sim.seed}")
 
     def deliver(self, batch: _Batch) -> None:
         self.batches.setdefault(batch.seq, []).append(batch)
@@ -262,10 +275,40 @@ class _Trainer:
             res.samples += 1
             res.tokens += sum(t.sampled_tokens for t in session.turns)
             res.staleness.append(self.step - version)
-        self.busy = True
+        self.busy, self.training = True, True
         self.sim.contend(True)
-        train_s = self.p.step_s(sum(s.tokens for s, _ in sessions))
-        self.sim.loop.at(now + train_s + self.p.publish_s, self._published)
+        self.work_left, self.last = self.p.step_s(self.p.cost_tokens(self._train_order(sessions))), now
+        self._reschedule()
+
+    def _train_order(self, sessions: list[tuple[Session, int]]) -> list[int]:
+        """Session lengths in the order the trainer forwards them: group by group, a group's sessions
+        by sample index (which says nothing of their length: a seeded shuffle here)."""
+        size = self.sim.spec.group_size
+        out = []
+        for i in range(0, len(sessions), size):
+            lengths = [s.tokens for s, _ in sessions[i : i + size]]
+            self.rng.shuffle(lengths)
+            out += lengths
+        return out
+
+    def engines_changed(self) -> None:
+        """An engine on the host started or stopped decoding: the optimizer step's pace changes."""
+        if self.training:
+            self.work_left -= (self.sim.loop.now - self.last) * self.rate
+            self.last = self.sim.loop.now
+            self._reschedule()
+
+    def _reschedule(self) -> None:
+        c = self.sim.engine.contention
+        self.rate = 1.0 / (1.0 + c) if c and any(s.rows for s in self.sim.servers) else 1.0
+        self.epoch += 1
+        self.sim.loop.at(self.sim.loop.now + max(self.work_left, 0.0) / self.rate, self._trained, self.epoch)
+
+    def _trained(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        self.training = False
+        self.sim.loop.at(self.sim.loop.now + self.p.publish_s, self._published)
 
     def _published(self) -> None:
         now = self.sim.loop.now
@@ -323,7 +366,7 @@ class _Sim:
         work: Workload,
         seed: int,
     ) -> None:
-        self.spec, self.work, self.engine, self.loop = spec, work, engine, _Loop()
+        self.spec, self.work, self.engine, self.seed, self.loop = spec, work, engine, seed, _Loop()
         self.result = SimResult(elapsed_s=0.0, samples=0, tokens=0, trainer_idle_s=0.0)
         rng = random.Random(seed)
         self.servers: list[_Server] = []
@@ -343,9 +386,13 @@ class _Sim:
                     _Production(self, s, r.production, random.Random(rng.random()))
         self.trainer = _Trainer(self, trainer, len(workers))
         self.workers = workers
+        if engine.contention:
+            for s in self.servers:
+                s.on_busy = self.trainer.engines_changed
 
     def contend(self, training: bool) -> None:
-        """The trainer started or stopped computing: engines on the same host slow down or recover."""
+        """The trainer started or stopped its step (optimizer step, then publishing): engines on the
+        same host slow down or recover."""
         if self.engine.contention:
             for s in self.servers:
                 s.set_slow(1.0 + self.engine.contention if training else 1.0)

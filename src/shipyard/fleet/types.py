@@ -46,8 +46,9 @@ class EngineProfile:
     apply_s: float = 0.0
     """Seconds the engine pauses to apply a new version."""
     contention: float = 0.0
-    """Share by which the engine slows while the trainer computes on the same host (a CPU machine
-    running both; 0 on separate devices): decode and prefill take ``1 + contention`` times longer."""
+    """Share by which engine and trainer slow each other on one host (a CPU machine running both; 0
+    on separate devices): decode and prefill take ``1 + contention`` times longer while the trainer
+    steps or publishes, the optimizer step while an engine decodes."""
 
     def step_s(self, rows: int) -> float:
         return self.step_base_s + self.step_per_row_s * rows
@@ -64,9 +65,19 @@ class TrainerProfile:
     per_token_s: float
     publish_s: float
     """Seconds after the optimizer step before the version is in the store (checkpoint, publish)."""
+    micro_batch: int = 0
+    """Sequences per forward and backward (``trainer.micro_batch``), each padded to the longest of
+    its micro-batch: a step costs its padded tokens. 0: its tokens."""
 
     def step_s(self, tokens: int) -> float:
         return self.step_base_s + self.per_token_s * tokens
+
+    def cost_tokens(self, lengths: list[int]) -> int:
+        """Tokens a step forwards for sequences of ``lengths`` in training order."""
+        if not self.micro_batch:
+            return sum(lengths)
+        mb = self.micro_batch
+        return sum(len(lengths[i : i + mb]) * max(lengths[i : i + mb]) for i in range(0, len(lengths), mb))
 
 
 @dataclass(frozen=True)
