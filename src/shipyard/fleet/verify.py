@@ -152,14 +152,17 @@ class RolloutVerifier:
             self.stats.refused_batches += 1
             return False
         sessions = group_sessions(batch.trajectories)
+        prints = {
+            gid: [session_fingerprint(s) for s in group_sessions(g)] for gid, g in batch.groups().items()
+        }
         rng = random.Random(f"{self.cfg.seed}/{batch.batch_id}")
         if node in self.cfg.trusted:
             for s in sessions[: max(0, self.cfg.calibration_sessions - len(self.stats.honest_mismatch))]:
                 self.stats.honest_mismatch.append(self.mismatch(s, rng)[0])
-            self._remember(batch)
+            self._remember(prints)
             return True
         found = (
-            self._replayed(batch)
+            self._replayed(batch, prints)
             or self._bad_digest(batch)
             or self._bad_logprobs(batch, sessions, rng)
             or self._bad_reward(batch, sessions, rng)
@@ -168,7 +171,7 @@ class RolloutVerifier:
             self._quarantine(found)
             self.stats.refused_batches += 1
             return False
-        self._remember(batch)
+        self._remember(prints)
         return True
 
     @staticmethod
@@ -177,14 +180,14 @@ class RolloutVerifier:
             return []
         return rng.sample(sessions, max(1, round(frac * len(sessions))))
 
-    def _remember(self, batch: RolloutBatch) -> None:
-        self._seen.update(session_fingerprint(s) for s in group_sessions(batch.trajectories))
+    def _remember(self, prints: dict[str, list[str]]) -> None:
+        self._seen.update(p for group in prints.values() for p in group)
 
-    def _replayed(self, batch: RolloutBatch) -> Evidence | None:
-        for gid, group in batch.groups().items():
-            prints = [session_fingerprint(s) for s in group_sessions(group)]
-            if len(prints) >= 2 and all(p in self._seen for p in prints):
-                return Evidence(batch.worker_id, "replay", batch.batch_id, gid, {"sessions": len(prints)})
+    def _replayed(self, batch: RolloutBatch, prints: dict[str, list[str]]) -> Evidence | None:
+        """A group whose session fingerprints (``prints``, per group id) were all seen before."""
+        for gid, group in prints.items():
+            if len(group) >= 2 and all(p in self._seen for p in group):
+                return Evidence(batch.worker_id, "replay", batch.batch_id, gid, {"sessions": len(group)})
         return None
 
     def _published_digest(self, version: int) -> str | None:

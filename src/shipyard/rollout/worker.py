@@ -161,12 +161,11 @@ class RolloutWorker:
         running: dict[str, tuple[list[Future[list[Trajectory]]], int, float]] = {}
         done: list[tuple[list[Trajectory], int, float]] = []
         while not self.should_stop() and (max_batches is None or written < max_batches):
-            while (
-                len(running) + 1
-            ) * size <= slots and self.spec.client.version() >= started // share - self.lag:
+            version = self.spec.client.version()  # one request per pass, not two per group
+            while (len(running) + 1) * size <= slots and version >= started // share - self.lag:
                 rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/g{started}")
                 gid = f"{self.worker_id}/g{started:08d}"
-                running[gid] = (self._start_group(pool, rng, gid), self.spec.client.version(), time.time())
+                running[gid] = (self._start_group(pool, rng, gid), version, time.time())
                 started += 1
             futures = [f for fs, _, _ in running.values() for f in fs]
             if futures:
