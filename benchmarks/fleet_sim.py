@@ -356,18 +356,6 @@ def plot(pred: dict[str, Any], path: Path) -> None:
     harness.console.print(f"wrote {path}")
 
 
-def write_fleet(args: Any, figures: dict[str, Any]) -> None:
-    """Merge this part into ``fleet.json`` (the other parts of issue 19 write theirs beside it)."""
-    path = args.out / f"fleet{'_quick' if args.quick else ''}.json"
-    fleet = json.loads(path.read_text()) if path.exists() else {}
-    fleet["simulator"] = figures
-    fleet["sim_vs_real_throughput_rel_err"] = figures["sim_vs_real_throughput_rel_err"]
-    fleet["configs_within_0_15"] = figures["configs_within_0_15"]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(fleet, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main() -> None:
     ap = harness.parser(__doc__)
     ap.add_argument("--reuse", action="store_true", help="simulate the recorded runs again (no new runs)")
@@ -416,7 +404,8 @@ def main() -> None:
         "gpu_profile": {"engine": GPU_ENGINE.__dict__, "train_tok_s_per_gpu": 4000, "sync_s": 20.0},
     }
     harness.write_results(args, "fleet_sim", figures)
-    write_fleet(args, figures)
+    top = ("sim_vs_real_throughput_rel_err", "configs_within_0_15")
+    harness.merge_fleet(args, "simulator", figures, {k: figures[k] for k in top})
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import random
 import tempfile
@@ -231,17 +230,6 @@ def p_catch(n: int, k: int, frac: float) -> float:
     return 1.0 - math.comb(n - k, m) / math.comb(n, m) if k else 0.0
 
 
-def write_fleet(args: Any, figures: dict[str, Any]) -> None:
-    path = args.out / f"fleet{'_quick' if args.quick else ''}.json"
-    fleet = json.loads(path.read_text()) if path.exists() else {}
-    fleet["verify"] = figures
-    for key in ("cheating_nodes", "cheating_nodes_caught", "honest_nodes_quarantined"):
-        fleet[key] = figures[key]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(fleet, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main() -> None:
     ap = harness.parser(__doc__)
     ap.add_argument("--batches", type=int, default=None, help="batches per node (default 4, quick 2)")
@@ -284,7 +272,8 @@ def main() -> None:
         "noise": args.noise,
     }
     harness.write_results(args, "fleet_verify", figures)
-    write_fleet(args, figures)
+    top = ("cheating_nodes", "cheating_nodes_caught", "honest_nodes_quarantined")
+    harness.merge_fleet(args, "verify", figures, {k: figures[k] for k in top})
 
 
 if __name__ == "__main__":

@@ -96,3 +96,15 @@ def write_results(args: argparse.Namespace, name: str, figures: dict[str, Any]) 
     tmp.replace(path)
     console.print(f"wrote {path}")
     return path
+
+
+def merge_fleet(args: argparse.Namespace, section: str, figures: dict[str, Any], top: dict[str, Any]) -> None:
+    """Merge one part of issue 19 into ``<out>/fleet[_quick].json``: ``figures`` under ``section`` and
+    the ``top`` keys at the top level (the other parts keep theirs), atomically."""
+    path = args.out / f"fleet{'_quick' if args.quick else ''}.json"
+    fleet = json.loads(path.read_text()) if path.exists() else {}
+    fleet[section] = figures
+    fleet.update(top)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fleet, indent=1) + "\n")
+    tmp.replace(path)

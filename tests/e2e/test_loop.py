@@ -42,12 +42,21 @@ def _consumed(records: list[dict]) -> dict[int, list[str]]:
 
 
 def test_async_run_end_to_end(tmp_path: Path) -> None:
-    cfg = load_config(ROOT / "configs/tiny.toml", _overrides(tmp_path))
+    cfg = load_config(ROOT / "configs/tiny.toml", _overrides(tmp_path, "fleet.region=eu-west"))
     train(cfg)
     store = LocalStore(tmp_path / "store" / "tiny")
     records = read_metrics(tmp_path / "tiny/metrics.jsonl")
     steps = [r for r in records if r.get("kind") == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3]
+    # the region's staleness and its server's adoptions reach the trainer's metrics
+    assert all(r["region/eu-west/groups"] == cfg.trainer.groups_per_step for r in steps)
+    assert all(r["rollout/over_bound_trained"] == 0 for r in steps)
+    lags = [r["region/eu-west/adoption_lag_s"] for r in steps if "region/eu-west/adoption_lag_s" in r]
+    assert lags and all(0 <= lag < 60 for lag in lags)
+    batches = [RolloutBatch.from_bytes(store.get(k)) for k in store.list("rollouts/")]
+    assert {b.region for b in batches} == {"eu-west"}
+    adopted = sorted(a["version"] for b in batches for a in b.adoptions)
+    assert adopted == sorted(set(adopted)) and adopted[0] >= 1  # each adoption reported once
     assert latest_version(store) == 3 and store.exists("control/finished")
     shipped = [read_manifest(store, v) for v in (1, 2, 3)]  # versions after 0 ship as deltas only
     assert [(m.kind, m.parent, set(m.encodings)) for m in shipped] == [

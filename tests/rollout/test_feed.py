@@ -65,3 +65,39 @@ def test_restarted_feed_skips_consumed_groups(tmp_path: Path) -> None:
     again = RolloutFeed(store, "r1", consumed=feed.consumed)
     taken = again.take(1, current_version=1, max_off_policy_steps=0, timeout_s=5)
     assert [g[0].group_id for g in taken.groups] == ["b"]
+
+
+def test_groups_and_adoptions_keep_their_region(tmp_path: Path) -> None:
+    from shipyard.trainer.loop import _train_record
+
+    store = LocalStore(tmp_path)
+    for name, region, groups, adopted in [
+        (
+            "eu/00000000",
+            "eu",
+            {"e0": 4, "e1": 2},
+            [{"server": "s-eu", "version": 4, "at": 103.0, "published_at": 100.0}],
+        ),
+        (
+            "us/00000000",
+            "us",
+            {"u1": 1, "u0": 5},
+            [{"server": "s-us", "version": 5, "at": 201.5, "published_at": 200.0}],
+        ),
+    ]:
+        trajs = [_traj(gid, i, v) for gid, v in groups.items() for i in range(4)]
+        b = RolloutBatch(name, name[:2], time.time(), trajs, run_id="r1", region=region, adoptions=adopted)
+        store.put(b.key(), b.to_bytes())
+        time.sleep(0.01)
+    feed = RolloutFeed(store, "r1")
+    taken = feed.take(3, current_version=5, max_off_policy_steps=3, timeout_s=5)
+    assert taken.regions == ["eu", "eu", "us"] and taken.staleness == [1, 3, 0]
+    assert taken.dropped_stale == 4  # u1: 4 versions behind, from whichever region
+    record = _train_record(taken, {}, {}, version=5, bound=3)
+    assert record["region/eu/staleness_max"] == 3.0 and record["region/eu/groups"] == 2.0
+    assert record["region/us/staleness_mean"] == 0.0
+    assert record["region/eu/adoption_lag_s"] == 3.0 and record["region/us/adoption_lag_s"] == 1.5
+    assert record["region/us/version"] == 5.0 and record["rollout/over_bound_trained"] == 0.0
+    # the audit counts what a bound of 2 would have let through wrongly
+    assert _train_record(taken, {}, {}, version=5, bound=2)["rollout/over_bound_trained"] == 4.0
+    assert feed.take(0, 5, 3, 1).adoptions == []  # reported once

@@ -147,3 +147,44 @@ def test_streaming_worker_writes_groups_in_finishing_order_under_the_version_gat
     order = [int(gid.split("/")[1][1:]) for b in batches for gid in b.groups()]
     assert sorted(order) == list(range(6)) and all(len(g) == 2 for b in batches for g in b.groups().values())
     assert order.index(first_slow) > order.index(picks.index("ok", first_slow + 1)), order  # overtaken
+
+
+def test_a_worker_cut_off_from_the_store_keeps_its_batch_and_reports_its_region(tmp_path: Path) -> None:
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [f'store.root="{tmp_path}"', "rollout.group_size=2", "trainer.groups_per_step=1", "fleet.region=eu"],
+    )
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
+    node = EmbeddedNode(cfg, store)
+    real_put, real_exists = store.put, store.exists
+    down = {"put": 2, "exists": 3}  # the link is down for the first writes and checks
+
+    def put(key: str, data: bytes) -> None:
+        if key.startswith("rollouts/") and down["put"]:
+            down["put"] -= 1
+            raise ConnectionError("store call failed: link down")
+        real_put(key, data)
+
+    def exists(key: str) -> bool:
+        if down["exists"]:
+            down["exists"] -= 1
+            raise TimeoutError("store call got no answer")
+        return real_exists(key)
+
+    try:
+        WeightPublisher(store).publish(1, _params(node))
+        for _ in range(200):
+            if node.engine.version == 1:
+                break
+            threading.Event().wait(0.05)
+        spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
+        worker = RolloutWorker("eu-w0", cfg, store, spec, [GOOD])
+        with mock.patch.object(store, "put", put), mock.patch.object(store, "exists", exists):
+            assert worker.run(max_batches=2) == 2
+    finally:
+        node.stop()
+    assert down == {"put": 0, "exists": 0}
+    first, second = (RolloutBatch.from_bytes(store.get(k)) for k in store.list("rollouts/eu-w0/"))
+    assert first.region == second.region == "eu" and len(first.trajectories) == 2
+    assert [a["version"] for a in first.adoptions] == [1] and second.adoptions == []
+    assert first.adoptions[0]["at"] >= first.adoptions[0]["published_at"]

@@ -62,6 +62,12 @@ class LongTaskExpert:
     def version(self) -> int:
         return -1
 
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def wait_ready(self, timeout_s: float = 60.0) -> int:
+        return -1
+
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return [self._turn(r) for r in requests]
 

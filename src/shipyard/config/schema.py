@@ -101,6 +101,32 @@ class VllmConfig(_Section):
     """More environment variables for the vLLM process (e.g. `VLLM_CPU_OMP_THREADS_BIND`)."""
 
 
+class ScavengeConfig(_Section):
+    """Sharing a server with production (`inference.scavenge`, embedded engine): requests of the
+    `production` tier are served first; `scavenger` requests (the run's rollouts) fill the capacity
+    production leaves idle and give it back when production rises. See docs/fleet.md."""
+
+    enabled: bool = False
+    """Serve the two tiers differently (rollout workers always send their requests as `scavenger`;
+    production and the held-out evaluation as `production`). Off: every request is served alike."""
+    mode: Literal["preempt", "finish"] = "preempt"
+    """What scavenger rows over their allowance do when production arrives. `preempt`: they stop at the
+    next decode step and go back to the queue as continuations (prompt + tokens so far, nothing lost;
+    the prefix is recomputed when they resume). `finish`: they run to their end; only new scavenger
+    admissions stop."""
+    rows_with_production: int = Field(0, ge=0)
+    """Most scavenger rows in the running batch while production is active (a production request
+    running or waiting, or one finished less than `resume_after_s` ago). Each extra row makes every
+    decode step, production's included, a little slower."""
+    resume_after_s: float = Field(0.5, ge=0)
+    """How long after the last production request scavenger rows stay at `rows_with_production`
+    (production often comes in bursts: this keeps a burst's next request from waiting on them)."""
+    prefill_tokens: int = Field(512, ge=1)
+    """Most prompt tokens of scavenger rows prefilled at one step boundary (one row is always let in):
+    a prefill cannot be interrupted, so this bounds how long a production request that arrives during
+    one waits for it."""
+
+
 class InferenceConfig(_Section):
     type: Literal["embedded", "vllm"] = "embedded"
     """Inference backend: Shipyard's embedded engine, or a vLLM server (`inference.vllm`). Rollouts,
@@ -150,6 +176,8 @@ class InferenceConfig(_Section):
     keys/values are kept, and a request that extends it (an agent's next turn) prefills only its new
     tokens. Cleared when new weights go live; not used in deterministic mode, for MoE models recording
     routes or for sliding-window attention."""
+    scavenge: ScavengeConfig = ScavengeConfig()
+    """Production first, RL rollouts in the idle capacity (embedded engine)."""
 
 
 class SummaryConfig(_Section):
@@ -981,6 +1009,11 @@ class FleetConfig(_Section):
 
     verify: VerifyConfig = VerifyConfig()
     """Verified rollouts from untrusted nodes."""
+    region: str = Field("local", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The region this process runs in. Rollout workers stamp their batches with it, with the
+    adoptions their server reported (version, when it went live, when it was published), and the
+    trainer logs staleness and adoption lag per region (`region/<name>/...`). Letters, digits, `.`,
+    `_`, `-`."""
 
 
 class RunConfig(_Section):
@@ -1083,5 +1116,10 @@ class ShipyardConfig(_Section):
             raise ValueError(
                 f"inference.vllm.url attaches to one server but inference.num_servers={self.inference.num_servers}; "
                 "set num_servers = 1, or leave url unset so the run starts its own servers"
+            )
+        if self.inference.scavenge.enabled and self.inference.type != "embedded":
+            raise ValueError(
+                "inference.scavenge.enabled = true needs inference.type = 'embedded' (the tiers live in "
+                "Shipyard's scheduler; for vLLM use its own --scheduling-policy priority)"
             )
         return self

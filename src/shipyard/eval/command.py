@@ -94,7 +94,11 @@ def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
     model, tok = load_model(cfg.model)
     precision = engine_precision(model, cfg.inference)
     engine = EmbeddedEngine(
-        model, tok, max_batch=cfg.inference.max_batch, prefix_cache_mb=cfg.inference.prefix_cache_mb
+        model,
+        tok,
+        max_batch=cfg.inference.max_batch,
+        prefix_cache_mb=cfg.inference.prefix_cache_mb,
+        packed=cfg.inference.packed_linears,
     )
     engine.precision = precision
     if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only

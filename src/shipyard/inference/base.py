@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from shipyard.config.schema import ShipyardConfig
+from shipyard.inference.types import Priority
 from shipyard.store.types import Store
 
 
@@ -50,13 +51,14 @@ def start_node(cfg: ShipyardConfig, store: Store, port: int = 0) -> InferenceNod
     raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")
 
 
-def open_client(cfg: ShipyardConfig, url: str) -> Any:
+def open_client(cfg: ShipyardConfig, url: str, priority: Priority | None = None) -> Any:
     """The client of the ``inference.type`` backend's server at ``url`` (an InferenceClient with
-    ``version``, ``stats``, ``wait_ready`` and ``close``)."""
+    ``version``, ``stats``, ``wait_ready`` and ``close``); ``priority`` stamps each request's tier
+    (embedded servers; :data:`~shipyard.inference.types.Priority`)."""
     if cfg.inference.type == "embedded":
         from shipyard.inference.client import HttpInferenceClient
 
-        return HttpInferenceClient(url)
+        return HttpInferenceClient(url, priority=priority)
     if cfg.inference.type == "vllm":
         from shipyard.inference.vllm import routes_wanted
         from shipyard.inference.vllm_server import VllmClient

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -32,19 +33,21 @@ import httpx
 
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.scheduler import BatchScheduler
-from shipyard.inference.types import GenerateRequest, GenerateResult
+from shipyard.inference.types import GenerateRequest, GenerateResult, Priority
 
 
 class HttpInferenceClient:
     """InferenceClient over HTTP; thread-safe."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 600.0, priority: Priority | None = None) -> None:
+        """``priority``: the tier stamped on every request sent (None: each request's own)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url={url!r} must start with http:// or https://")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.priority = priority
         self._http = httpx.Client(
             base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         )
@@ -53,6 +56,8 @@ class HttpInferenceClient:
         """Sample every request in one call; results are in request order."""
         if not requests:
             return []
+        if self.priority is not None:
+            requests = [dataclasses.replace(r, priority=self.priority) for r in requests]
         resp = self._http.post("/generate", json={"requests": [r.to_json() for r in requests]})
         _raise_for(resp)
         results = [GenerateResult.from_json(d) for d in resp.json()["results"]]
@@ -120,6 +125,10 @@ class LocalInferenceClient:
 
     def version(self) -> int:
         return self.engine.version
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters and version (what a server's ``/stats`` starts with)."""
+        return {**self.engine.stats, "version": self.engine.version}
 
     def wait_ready(self, timeout_s: float = 60.0) -> int:
         """Always ready in-process; returns the engine's version."""

@@ -11,6 +11,8 @@ then the server.
 
 from __future__ import annotations
 
+from typing import Any
+
 from shipyard.config.schema import ShipyardConfig
 from shipyard.store.types import Store
 
@@ -48,6 +50,7 @@ class EmbeddedNode:
             model_name=inf.served_model_name or None,
             max_n=inf.max_n,
             drain_s=inf.drain_s,
+            scavenge=inf.scavenge,
         )
         self.server.start()
         self.subscriber = WeightSubscriber(
@@ -61,6 +64,13 @@ class EmbeddedNode:
             workers=cfg.weights.workers,
         )
         self.subscriber.start(feed_url=cfg.weights.follow_url)
+        self.server.app.state.stats_hooks.append(self._adoptions)
+
+    def _adoptions(self) -> dict[str, Any]:
+        """``/stats``'s ``adoptions``: the last 32 versions this server went live with."""
+        sub = self.subscriber
+        keys = ("version", "at", "published_at")
+        return {"adoptions": [{"server": sub.name, **{k: e[k] for k in keys}} for e in sub.adopted[-32:]]}
 
     @property
     def url(self) -> str:

@@ -21,6 +21,21 @@ the engine is idle, the first arrival waits ``gather_window_s`` for others (stop
   cancels the rest (they end with ``abort``); queued requests fail with :class:`SchedulerClosed`.
 - A failure inside the engine fails every caller with a request in flight; the worker then goes
   on serving the queue.
+- Tiers (``scavenge``, a :class:`~shipyard.config.schema.ScavengeConfig` with ``enabled``): a call whose
+  requests all have ``priority = "scavenger"`` is scavenger work; every other call is production.
+  Production is admitted first. While production is *active* (a production row running or waiting,
+  or one finished less than ``resume_after_s`` ago) scavenger rows may hold at most
+  ``rows_with_production`` slots; otherwise all of them. When production arrives, the scavenger rows
+  over that allowance (the most recently admitted first) are preempted at the next decode step
+  (``mode = "preempt"``): each goes back to the front of the scavenger queue as a continuation (its
+  prompt plus the tokens so far; the caller gets one result, the parts joined, exactly as sampled),
+  or they run to their end (``mode = "finish"``). Scavenger prompts admitted at one step boundary are
+  capped at ``prefill_tokens`` (at least one row), since a prefill cannot be interrupted.
+  :attr:`BatchScheduler.tier_stats` counts each tier's generated tokens and the scavenger's
+  preemptions and yields (seconds from a production arrival to the last preempted row leaving).
+  Limits: a continuation samples with a fresh seed (``seed + tokens so far`` when the request had
+  one), presence/frequency penalties do not see the first part, and a stop string split across the
+  preemption point is not matched.
 """
 
 from __future__ import annotations
@@ -31,8 +46,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field, replace
 from functools import partial
 
+from shipyard.config.schema import ScavengeConfig
 from shipyard.inference.engine import EmbeddedEngine, Job
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
@@ -57,30 +74,107 @@ class Ticket(Future):  # type: ignore[type-arg]
 
 
 class _Item:
-    """One ``submit`` call: its requests, how many were admitted, and the results so far."""
+    """One ``submit`` call: its requests, those not yet admitted, and the results so far."""
 
     def __init__(
-        self, requests: list[GenerateRequest], ticket: Ticket, on_token: OnToken | None, long: bool
+        self,
+        requests: list[GenerateRequest],
+        ticket: Ticket,
+        on_token: OnToken | None,
+        long: bool,
+        scavenger: bool,
     ) -> None:
         self.requests = requests
         self.ticket = ticket
         self.on_token = on_token
         self.long = long
-        self.admitted = 0
+        self.scavenger = scavenger
+        self.pending: deque[int] = deque(range(len(requests)))
+        """Indices to admit next: in order, then preempted ones (at the front) as continuations."""
+        self.started = False
+        self.parts: list[GenerateResult | None] = [None] * len(requests)
+        """What preempted rows sampled before they were preempted (joined into their final result)."""
         self.results: list[GenerateResult | None] = [None] * len(requests)
         self.left = len(requests)
 
-    def job(self, i: int, release: Callable[[], None]) -> Job:
-        hook = None if self.on_token is None else partial(self.on_token, i)
-        return Job(self.requests[i], partial(self.resolve, i, release), self.ticket.stop.is_set, hook)
+    def request(self, i: int) -> GenerateRequest:
+        """Request ``i`` as admitted now: itself, or its continuation after a preemption."""
+        part = self.parts[i]
+        if part is None:
+            return self.requests[i]
+        req, n = self.requests[i], len(part.token_ids)
+        params = replace(req.params, max_tokens=req.params.max_tokens - n)
+        if params.seed is not None:
+            params.seed += n
+        return replace(
+            req, prompt_ids=req.prompt_ids + part.token_ids, params=params, prompt_routes=part.routes
+        )
 
-    def resolve(self, i: int, release: Callable[[], None], result: GenerateResult) -> None:
-        release()
+    def job(self, i: int, release: Callable[[GenerateResult], bool], preempted: Callable[[], bool]) -> Job:
+        hook = None if self.on_token is None else partial(self.on_token, i)
+        stop = self.ticket.stop.is_set
+
+        def cancelled() -> bool:
+            return stop() or preempted()
+
+        return Job(self.request(i), partial(self.resolve, i, release), cancelled, hook)
+
+    def resolve(self, i: int, release: Callable[[GenerateResult], bool], result: GenerateResult) -> None:
+        if release(result):  # preempted: it goes on later as a continuation
+            return
+        if (part := self.parts[i]) is not None:
+            result = _joined(part, result)
         self.results[i] = result
         self.left -= 1
         if self.left == 0:
             with contextlib.suppress(InvalidStateError):  # failed meanwhile (close, engine error)
                 self.ticket.set_result([r for r in self.results if r is not None])
+
+
+def _joined(first: GenerateResult, rest: GenerateResult) -> GenerateResult:
+    """One result from a preempted row's part and its continuation's."""
+    top = None
+    if first.top_logprobs is not None and rest.top_logprobs is not None:
+        top = first.top_logprobs + rest.top_logprobs
+    return GenerateResult(
+        token_ids=first.token_ids + rest.token_ids,
+        logprobs=first.logprobs + rest.logprobs,
+        versions=first.versions + rest.versions,
+        finish_reason=rest.finish_reason,
+        routes=rest.routes,
+        top_logprobs=top,
+        cached_tokens=first.cached_tokens,
+    )
+
+
+@dataclass(eq=False)
+class _Running:
+    """A scavenger row in the engine; ``marked_at``: when production asked for its slot."""
+
+    marked_at: float | None = None
+    preempted: bool = False
+    """Asked to stop at the next decode step (``mode = "preempt"``)."""
+
+
+@dataclass
+class TierStats:
+    """Counters of a tiered scheduler (``BatchScheduler.tier_stats``)."""
+
+    production_tokens: int = 0
+    scavenger_tokens: int = 0
+    production_requests: int = 0
+    scavenger_requests: int = 0
+    preemptions: int = 0
+    """Scavenger rows preempted (each resumed later as a continuation)."""
+    production_busy_s: float = 0.0
+    """Seconds with a production request waiting or running (the rest of the time the server had no
+    production work: the idle capacity scavengers may take)."""
+    yields_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    """Per production arrival that found scavenger rows over their allowance: seconds until the last
+    of them left the batch (the newest 10,000)."""
+
+    def as_dict(self) -> dict[str, float | int | list[float]]:
+        return {**self.__dict__, "yields_s": list(self.yields_s)}
 
 
 class BatchScheduler:
@@ -93,6 +187,7 @@ class BatchScheduler:
         idle_poll_s: float = 0.05,
         short_tokens: int = 256,
         reserved_slots: int | None = None,
+        scavenge: ScavengeConfig | None = None,
     ) -> None:
         if gather_window_s < 0 or idle_poll_s <= 0:
             raise ValueError(
@@ -106,7 +201,19 @@ class BatchScheduler:
         self.idle_poll_s = idle_poll_s
         self.short_tokens = short_tokens
         self.long_slots = engine.max_batch - reserved
+        self.scavenge = scavenge if scavenge is not None and scavenge.enabled else None
+        self.tier_stats = TierStats()
         self._long_running = 0
+        self._production_running = 0
+        self._production_open = 0
+        """Production requests submitted and not yet finished (queued or running)."""
+        self._busy_since = 0.0
+        self._production_seen = float("-inf")
+        """When production was last running or waiting (monotonic seconds)."""
+        self._scavengers: list[_Running] = []
+        """Scavenger rows in the engine, in admission order."""
+        self._yield_marks: list[list[_Running]] = []
+        """Per production arrival that found scavenger rows over their allowance: those rows, until all left."""
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -133,10 +240,15 @@ class BatchScheduler:
             return ticket
         self.start()
         long = max(r.params.max_tokens for r in requests) > self.short_tokens
+        scavenger = self.scavenge is not None and all(r.priority == "scavenger" for r in requests)
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the scheduler is closed")
-            self._queue.append(_Item(requests, ticket, on_token, long))
+            self._queue.append(_Item(requests, ticket, on_token, long, scavenger))
+            if self.scavenge is not None and not scavenger:
+                self._production_seen = time.monotonic()
+                self._production_opened(len(requests))
+                self._preempt_excess()
             self._cond.notify_all()
         return ticket
 
@@ -160,7 +272,7 @@ class BatchScheduler:
         with self._cond:
             leftover, self._queue = list(self._queue), deque()
         for item in leftover:  # never admitted, or admitted in part when the admissions stopped
-            if item.admitted > 0 or item.ticket.set_running_or_notify_cancel():
+            if item.started or item.ticket.set_running_or_notify_cancel():
                 with contextlib.suppress(InvalidStateError):
                     item.ticket.set_exception(
                         SchedulerClosed("inference server shut down before all requests ran")
@@ -188,7 +300,9 @@ class BatchScheduler:
                 item.ticket.set_exception(e)
         with self._cond:  # a partly admitted item lost its running rows: it failed as a whole
             self._queue = deque(item for item in self._queue if item not in self._inflight)
-            self._inflight, self._long_running = [], 0
+            self._production_closed(sum(item.left for item in self._inflight if not item.scavenger))
+            self._inflight, self._long_running, self._production_running = [], 0, 0
+            self._scavengers, self._yield_marks = [], []
 
     def _take(self, free: int, idle: bool) -> list[Job] | None:
         """The engine's admission hook: up to ``free`` queued requests; None when closed or idle and empty."""
@@ -197,10 +311,15 @@ class BatchScheduler:
                 return None
             if idle:
                 self._gather()
-            return None if self._closed else self._pop(free)
+            if self._closed:
+                return None
+            jobs = self._pop(free)
+            if idle and not jobs:  # only scavenger work, held back for now: wait for a change
+                self._cond.wait(self.idle_poll_s)
+            return jobs
 
     def _waiting(self) -> int:
-        return sum(len(item.requests) - item.admitted for item in self._queue)
+        return sum(len(item.pending) for item in self._queue)
 
     def _gather(self) -> None:
         """Wait (holding the condition) up to the gather window for more requests to arrive."""
@@ -212,45 +331,167 @@ class BatchScheduler:
             self._cond.wait(left)
 
     def _pop(self, free: int) -> list[Job]:
-        """Up to ``free`` queued requests: arrival order, long ones only within their share of slots."""
+        """Up to ``free`` queued requests: production first, each tier in arrival order, long ones only
+        within their share of slots, scavenger rows within their allowance and prefill budget."""
         jobs: list[Job] = []
         self._inflight = [item for item in self._inflight if not item.ticket.done()]
         self._drop_cancelled()
-        for item in list(self._queue):
-            if len(jobs) >= free:
+        production = [item for item in self._queue if not item.scavenger]
+        if production:
+            self._production_seen = time.monotonic()
+        for item in production:
+            self._admit(item, free - len(jobs), jobs)
+        room = min(free - len(jobs), self._scavenger_room())
+        budget = self.scavenge.prefill_tokens if self.scavenge is not None else 0
+        first = True  # one scavenger row always goes in, whatever its prompt's length
+        for item in [item for item in self._queue if item.scavenger]:
+            if room <= 0 or budget <= 0:
                 break
-            if item.long and self._long_running >= self.long_slots:
-                continue  # its share is full: shorter requests behind it go first
-            if item.admitted == 0:
-                if not item.ticket.set_running_or_notify_cancel():
-                    self._queue.remove(item)  # Future.cancel()ed by its caller before it ran
-                    continue
-                self._inflight.append(item)
-            while item.admitted < len(item.requests) and len(jobs) < free:
-                if item.long and self._long_running >= self.long_slots:
-                    break
-                jobs.append(item.job(item.admitted, partial(self._release, item.long)))
-                self._long_running += item.long
-                item.admitted += 1
-            if item.admitted == len(item.requests):
-                self._queue.remove(item)
+            admitted = self._admit(item, room, jobs, budget, first)
+            room -= len(admitted)
+            budget -= sum(len(job.request.prompt_ids) for job in admitted)
+            first = first and not admitted
         return jobs
+
+    def _admit(
+        self, item: _Item, free: int, jobs: list[Job], budget: int | None = None, first: bool = True
+    ) -> list[Job]:
+        """Admit up to ``free`` of ``item``'s pending requests into ``jobs``; with a ``budget``, only
+        while their prompts fit in it (past it only the ``first`` row of the step); returns those admitted."""
+        new: list[Job] = []
+        if free <= 0 or (item.long and self._long_running >= self.long_slots):
+            return new  # its share is full: shorter requests behind it go first
+        if not item.started:
+            if not item.ticket.set_running_or_notify_cancel():
+                self._queue.remove(item)  # Future.cancel()ed by its caller before it ran
+                if not item.scavenger:
+                    self._production_closed(len(item.requests))
+                return new
+            item.started = True
+            self._inflight.append(item)
+        while item.pending and len(new) < free:
+            if item.long and self._long_running >= self.long_slots:
+                break
+            i = item.pending[0]
+            cost = len(item.request(i).prompt_ids) + sum(len(job.request.prompt_ids) for job in new)
+            if budget is not None and (new or not first) and budget < cost:
+                break
+            item.pending.popleft()
+            new.append(self._job(item, i))
+        if not item.pending:
+            self._queue.remove(item)
+        jobs += new
+        return new
+
+    def _job(self, item: _Item, i: int) -> Job:
+        """The engine job of ``item``'s request ``i`` with its bookkeeping (tier counts, preemption)."""
+        self._long_running += item.long
+        if not item.scavenger:
+            self._production_running += 1
+            return item.job(i, partial(self._release, item, i, None), lambda: False)
+        running = _Running()
+        self._scavengers.append(running)
+        return item.job(i, partial(self._release, item, i, running), lambda: running.preempted)
+
+    def _scavenger_room(self) -> int:
+        """How many more scavenger rows may be admitted now."""
+        if self.scavenge is None:
+            return self.engine.max_batch
+        return self._allowance() - len(self._scavengers)
+
+    def _allowance(self) -> int:
+        """Most scavenger rows allowed in the batch now (module doc: production active or not)."""
+        assert self.scavenge is not None
+        quiet = time.monotonic() - self._production_seen >= self.scavenge.resume_after_s
+        if self._production_running == 0 and quiet:
+            return self.engine.max_batch
+        return self.scavenge.rows_with_production
+
+    def _production_opened(self, n: int) -> None:
+        if self._production_open == 0:
+            self._busy_since = time.monotonic()
+        self._production_open += n
+
+    def _production_closed(self, n: int) -> None:
+        """``n`` production requests finished, failed or were dropped (tiers on only)."""
+        if self.scavenge is None or n == 0:
+            return
+        self._production_open -= n
+        if self._production_open == 0:
+            self.tier_stats.production_busy_s += time.monotonic() - self._busy_since
+
+    def _preempt_excess(self) -> None:
+        """Production arrived: the scavenger rows over the allowance (newest first) must give their
+        slots back: preempted at the next step, or (``finish``) left to end; the yield is timed."""
+        assert self.scavenge is not None
+        live = [r for r in self._scavengers if r.marked_at is None]
+        excess = len(live) - self.scavenge.rows_with_production
+        if excess <= 0:
+            return
+        now = time.monotonic()
+        marked = live[-excess:]
+        for r in marked:
+            r.marked_at, r.preempted = now, self.scavenge.mode == "preempt"
+        self._yield_marks.append(marked)
 
     def _drop_cancelled(self) -> None:
         """Remove cancelled items: one never started fails; one partly started resolves with its
         started rows (each ends with ``abort`` at the next step), the rest never run."""
         for item in [item for item in self._queue if item.ticket.stop.is_set()]:
             self._queue.remove(item)
-            if item.admitted == 0:
+            if not item.scavenger:
+                self._production_closed(len(item.pending))
+            if not item.started:
                 if item.ticket.set_running_or_notify_cancel():
                     item.ticket.set_exception(SchedulerClosed("cancelled by the caller before it ran"))
                 continue
-            item.left -= len(item.requests) - item.admitted
-            item.requests = item.requests[: item.admitted]
+            for i in item.pending:  # a preempted row answers with what it had sampled
+                item.results[i] = item.parts[i]
+            item.left -= len(item.pending)
+            item.pending.clear()
             if item.left == 0:  # its started rows are all done already
                 with contextlib.suppress(InvalidStateError):
                     item.ticket.set_result([r for r in item.results if r is not None])
 
-    def _release(self, long: bool) -> None:
+    def _release(self, item: _Item, i: int, running: _Running | None, result: GenerateResult) -> bool:
+        """A row left the engine: free its slot and count it; True when it was preempted and went
+        back to the queue as a continuation (so ``item.resolve`` does not resolve it)."""
         with self._cond:
-            self._long_running -= long
+            self._long_running -= item.long
+            stats = self.tier_stats
+            if running is None:
+                self._production_running -= 1
+                self._production_seen = time.monotonic()
+                self._production_closed(1)
+                stats.production_tokens += len(result.token_ids)
+                stats.production_requests += 1
+                return False
+            self._scavengers.remove(running)
+            stats.scavenger_tokens += len(result.token_ids)
+            self._note_yields()
+            part = item.parts[i]
+            sampled = len(result.token_ids) + (0 if part is None else len(part.token_ids))
+            left = item.requests[i].params.max_tokens - sampled
+            if (
+                not running.preempted
+                or result.finish_reason != "abort"
+                or item.ticket.stop.is_set()
+                or left <= 0
+            ):
+                stats.scavenger_requests += 1
+                return False
+            stats.preemptions += 1
+            item.parts[i] = result if part is None else _joined(part, result)
+            item.pending.appendleft(i)
+            if item not in self._queue:
+                self._queue.appendleft(item)
+            self._cond.notify_all()
+        return True
+
+    def _note_yields(self) -> None:
+        """Record each production arrival whose preempted rows have all left the batch."""
+        now = time.monotonic()
+        for marks in list(self._yield_marks):
+            if all(r not in self._scavengers for r in marks):
+                self.tier_stats.yields_s.append(now - marks[0].marked_at)
+                self._yield_marks.remove(marks)

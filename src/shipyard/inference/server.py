@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shipyard.config.schema import ScavengeConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.openai_api import (
     ChatCompletionBody,
@@ -127,10 +128,14 @@ def create_app(
     max_n: int = 8,
     drain_s: float = 5.0,
     reserved_slots: int | None = None,
+    scavenge: ScavengeConfig | None = None,
 ) -> FastAPI:
     """The FastAPI app; its scheduler starts on first use and closes (draining) with the app's lifespan.
-    ``reserved_slots``: slots long requests may not take (None: a quarter of ``max_batch``; 0: FIFO)."""
-    scheduler = BatchScheduler(engine, gather_window_s=gather_window_s, reserved_slots=reserved_slots)
+    ``reserved_slots``: slots long requests may not take (None: a quarter of ``max_batch``; 0: FIFO).
+    ``scavenge``: production and scavenger tiers (:mod:`shipyard.inference.scheduler`)."""
+    scheduler = BatchScheduler(
+        engine, gather_window_s=gather_window_s, reserved_slots=reserved_slots, scavenge=scavenge
+    )
     name = served_name(engine, model_name)
 
     @asynccontextmanager
@@ -141,6 +146,7 @@ def create_app(
 
     app = FastAPI(title="shipyard inference", lifespan=lifespan)
     app.state.scheduler, app.state.engine = scheduler, engine
+    app.state.stats_hooks = []  # callables adding to /stats (the embedded node: its adoptions)
     _errors_in_openai_shape(app)
 
     @app.post("/generate")
@@ -165,7 +171,7 @@ def create_app(
         results = await _results(_submit(scheduler, requests), request)
         return chat_response(engine.tokenizer, body, name, requests[0].prompt_ids, results, stop)
 
-    _add_info_routes(app, engine, name)
+    _add_info_routes(app, scheduler, name)
     return app
 
 
@@ -213,8 +219,10 @@ def _stream(
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
-def _add_info_routes(app: FastAPI, engine: EmbeddedEngine, name: str) -> None:
-    """``GET /v1/models`` (and one model), ``/health``, ``/version`` and ``/stats``."""
+def _add_info_routes(app: FastAPI, scheduler: BatchScheduler, name: str) -> None:
+    """``GET /v1/models`` (and one model), ``/health``, ``/version`` and ``/stats`` (with ``tiers``,
+    the scheduler's :class:`~shipyard.inference.scheduler.TierStats`, where tiers are on)."""
+    engine = scheduler.engine
     created = int(time.time())
     card = {"id": name, "object": "model", "created": created, "owned_by": "shipyard"}
 
@@ -247,6 +255,8 @@ def _add_info_routes(app: FastAPI, engine: EmbeddedEngine, name: str) -> None:
             "precision": engine.precision,
             "prefix_cache_entries": 0 if cache is None else len(cache),
             "prefix_cache_bytes": 0 if cache is None else cache.nbytes,
+            **({"tiers": scheduler.tier_stats.as_dict()} if scheduler.scavenge is not None else {}),
+            **{k: v for hook in app.state.stats_hooks for k, v in hook().items()},
         }
 
 
@@ -328,10 +338,11 @@ class InferenceServer:
         max_n: int = 8,
         drain_s: float = 5.0,
         reserved_slots: int | None = None,
+        scavenge: ScavengeConfig | None = None,
     ) -> None:
         self.engine = engine
         self.drain_s = drain_s
-        self.app = create_app(engine, gather_window_s, model_name, max_n, drain_s, reserved_slots)
+        self.app = create_app(engine, gather_window_s, model_name, max_n, drain_s, reserved_slots, scavenge)
         self._http = UvicornThread(self.app, host, port, graceful_s=int(drain_s) + 5)
 
     @property

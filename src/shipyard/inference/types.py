@@ -22,6 +22,11 @@ from typing import Any, Literal, Protocol
 FinishReason = Literal["eos", "stop", "length", "abort"]
 """``abort``: the caller cancelled the request (its client went away, or the server shut down)."""
 
+Priority = Literal["production", "scavenger"]
+"""A request's tier on a server that shares capacity (``inference.scavenge``): ``production`` is served
+first; ``scavenger`` work (RL rollouts) fills what production leaves idle and yields when it rises.
+A server without ``inference.scavenge.enabled`` serves both tiers alike."""
+
 
 @dataclass
 class SamplingParams:
@@ -51,16 +56,22 @@ class GenerateRequest:
     """MoE routes of a prefix of ``prompt_ids`` (a :mod:`shipyard.models.routes` record, e.g. an earlier
     turn's ``GenerateResult.routes``): an engine that records routes replays them in the prefill, so a
     token keeps the experts of its first forward across turns. None: route every prompt token freely."""
+    priority: Priority = "production"
+    """The request's tier where the server shares capacity (:data:`Priority`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> GenerateRequest:
+        priority = d.get("priority", "production")
+        if priority not in ("production", "scavenger"):
+            raise ValueError(f"priority={priority!r}; expected 'production' or 'scavenger'")
         return GenerateRequest(
             prompt_ids=list(d["prompt_ids"]),
             params=SamplingParams(**d.get("params", {})),
             prompt_routes=d.get("prompt_routes"),
+            priority=priority,
         )
 
 
@@ -96,3 +107,10 @@ class InferenceClient(Protocol):
 
     def version(self) -> int:
         """The weight version the server serves now."""
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters; an embedded server's ``adoptions`` lists the versions it went live
+        with (``{"server", "version", "at", "published_at"}``, newest last)."""
+
+    def wait_ready(self, timeout_s: float = 60.0) -> int:
+        """Block until the server answers (TimeoutError after ``timeout_s``); its version."""

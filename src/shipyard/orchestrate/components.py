@@ -35,7 +35,7 @@ def build_worker(cfg: ShipyardConfig, worker_id: str, url: str, store: Store) ->
     from shipyard.inference.base import open_client
     from shipyard.models.loading import load_tokenizer
 
-    client = open_client(cfg, url)
+    client = open_client(cfg, url, priority="scavenger")  # rollouts yield to production where tiers are on
     train, _ = task_splits(cfg)
     cfg = with_judge_server(cfg, url)
     return RolloutWorker(worker_id, cfg, store, session_spec(cfg, client, load_tokenizer(cfg.model)), train)

@@ -3,7 +3,8 @@
 Contract: :func:`trainer_process` claims the run's store (:func:`shipyard.store.run.claim_run`:
 a new run, or the same run resumed from its last checkpoint) and trains until
 ``trainer.steps``; :func:`worker_process` attaches to the run (:func:`shipyard.store.run.open_run`)
-and plays GRPO groups against the inference server at ``server_url`` until the trainer writes
+and plays GRPO groups against the inference server at ``server_url`` (waiting up to 10 minutes for
+it to answer, as one started beside the worker is still loading) until the trainer writes
 ``control/finished`` (it continues after its last written batch when restarted). With
 ``shipyard serve`` (an inference server) and ``shipyard relay`` these are the processes an
 operator, or a supervisor such as the chaos suite, runs and restarts one by one; ``shipyard
@@ -38,4 +39,5 @@ def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
     from shipyard.store.run import open_run
 
     worker = build_worker(cfg, worker_id, server_url, open_run(cfg.store, cfg.run.name))
+    worker.spec.client.wait_ready(timeout_s=600)  # a server started beside it may still be loading
     return worker.run()

@@ -40,6 +40,11 @@ class RolloutBatch:
     claims: dict[str, str] = field(default_factory=dict)
     """Per weights version its tokens were sampled with (a decimal string), the state digest of the
     weights the node says it ran; checked by :mod:`shipyard.fleet.verify` for untrusted nodes."""
+    region: str = "local"
+    """``fleet.region`` of the worker that wrote it (the trainer's per-region metrics)."""
+    adoptions: list[dict[str, Any]] = field(default_factory=list)
+    """Versions the worker's server went live with since its previous batch: ``{"version", "at",
+    "published_at"}`` (wall-clock seconds; the server's subscriber events)."""
 
     def key(self) -> str:
         return f"{ROLLOUT_PREFIX}{self.batch_id}.json.gz"
@@ -52,6 +57,8 @@ class RolloutBatch:
             "run": self.run,
             "run_id": self.run_id,
             "claims": self.claims,
+            "region": self.region,
+            "adoptions": self.adoptions,
             "stats": self.stats,
             "trajectories": [t.to_json() for t in self.trajectories],
         }

@@ -15,6 +15,10 @@ bound). A session that crashes
 is recorded with its error (see :func:`shipyard.agent.play.play`). A session that summarized itself contributes
 all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
+While the store cannot be reached (a region cut off from the origin) it keeps its batch and
+retries the write, backing off up to 30 s, and goes on sampling with the version its server has
+until the version gate stops it; each batch carries ``fleet.region`` and the adoptions its server
+reported since the previous batch.
 
 Environment: each session runs through the worker's :class:`~shipyard.envs.environment.Environment`
 (services such as PostgreSQL, squashed repositories, reward components, anti-cheat flags; closed
@@ -33,6 +37,7 @@ import random
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
 
 from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
@@ -70,11 +75,38 @@ class RolloutWorker:
         self.sandboxes: SandboxPool | None = None
         """Pre-warmed sandboxes for function tasks while :meth:`run` runs (``sandbox.pool.rollouts``)."""
         self._digests: dict[int, str] = {}
+        self._reported: set[tuple[str, int]] = set()
+        """Adoptions (server, version) already stamped into a batch."""
         self.sandbox_stats: dict[str, int] = {}
         """The pool's counters when the last :meth:`run` ended (created, warm_hits, peak_running, ...)."""
 
     def should_stop(self) -> bool:
-        return self.stop_event.is_set() or self.store.exists(FINISHED_KEY)
+        """Asked to stop, or the run is finished; an unreachable store (a region cut off) is not
+        taken for either: the worker goes on with the version it has."""
+        if self.stop_event.is_set():
+            return True
+        try:
+            return self.store.exists(FINISHED_KEY)
+        except (TimeoutError, ConnectionError):
+            return False
+
+    def _write(self, batch: RolloutBatch) -> None:
+        """Put ``batch`` in the store, retrying (backoff up to 30 s) while the store is unreachable:
+        the sessions are kept, and the trainer judges their staleness when they arrive."""
+        wait = 1.0
+        while True:
+            try:
+                self.store.put(batch.key(), batch.to_bytes())
+                return
+            except (TimeoutError, ConnectionError) as e:
+                if self.stop_event.is_set():
+                    raise
+                print(
+                    f"{self.worker_id}: batch {batch.batch_id} not written ({e}); again in {wait:.0f} s",
+                    flush=True,
+                )
+                self.stop_event.wait(wait)
+                wait = min(2 * wait, 30.0)
 
     def wait_for_version(self, needed: int) -> bool:
         """Block until the server serves >= ``needed``; False if asked to stop meanwhile."""
@@ -100,7 +132,7 @@ class RolloutWorker:
                     if not self.wait_for_version(self.next_seq - self.lag):
                         break
                     batch = self.play_batch(pool, self.next_seq)
-                    self.store.put(batch.key(), batch.to_bytes())
+                    self._write(batch)
                     self.next_seq += 1
                     written += 1
         finally:
@@ -110,6 +142,13 @@ class RolloutWorker:
                 self.sandbox_stats = dict(self.sandboxes.stats)
                 self.sandboxes = None
         return written
+
+    def _new_adoptions(self) -> list[dict[str, Any]]:
+        """The server's adoptions not yet stamped into a batch (``RolloutBatch.adoptions``)."""
+        events = self.spec.client.stats().get("adoptions", [])
+        new = [e for e in events if (e["server"], e["version"]) not in self._reported]
+        self._reported.update((e["server"], e["version"]) for e in new)
+        return new
 
     def digest(self, version: int) -> str:
         """The state digest of ``version`` the batch claims: the published manifest's (the version
@@ -181,7 +220,7 @@ class RolloutWorker:
                 batch = self._batch(
                     self.next_seq, trajs, min(t for _, _, t in take), min(v for _, v, _ in take)
                 )
-                self.store.put(batch.key(), batch.to_bytes())
+                self._write(batch)
                 self.next_seq += 1
                 written += 1
         return written
@@ -196,6 +235,8 @@ class RolloutWorker:
             run=self.identity.name,
             run_id=self.identity.run_id,
             claims={str(v): self.digest(v) for v in sorted(used)},
+            region=self.cfg.fleet.region,
+            adoptions=self._new_adoptions(),
             stats={
                 "seconds": time.time() - t0,
                 "version_at_start": version,

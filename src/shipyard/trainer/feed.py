@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from shipyard.agent.types import Trajectory, group_sessions, session_complete
 from shipyard.rollout.types import ROLLOUT_PREFIX, RolloutBatch
@@ -47,6 +47,10 @@ class Taken:
     refused: int = 0
     dropped_quarantined: int = 0
     staleness: list[int] = field(default_factory=list)
+    regions: list[str] = field(default_factory=list)
+    """Per taken group, the region of the worker that wrote it (parallel to ``staleness``)."""
+    adoptions: list[dict[str, Any]] = field(default_factory=list)
+    """Adoptions reported by batches read since the last take, each with its ``region``."""
 
 
 class RolloutFeed:
@@ -68,8 +72,9 @@ class RolloutFeed:
         self.gate = gate
         self._refused_new = 0
         self._seen: set[str] = set()
-        self._queue: deque[tuple[str, list[Trajectory]]] = deque()
-        """(node, group) in arrival order."""
+        self._queue: deque[tuple[str, str, list[Trajectory]]] = deque()
+        """(node, region, group) in arrival order."""
+        self._adoptions: list[dict[str, Any]] = []
 
     def _poll(self) -> bool:
         new = [k for k in self.store.list(ROLLOUT_PREFIX) if k not in self._seen]
@@ -82,11 +87,11 @@ class RolloutFeed:
             if self.gate is not None and not self.gate.admit(batch):
                 self._refused_new += len(batch.groups())
                 continue
+            self._adoptions += [{**a, "region": batch.region} for a in batch.adoptions]
             for gid, group in batch.groups().items():
                 if gid not in self.consumed:
-                    self._queue.append(
-                        (batch.worker_id, sorted(group, key=lambda t: (t.sample_idx, t.segment_idx)))
-                    )
+                    ordered = sorted(group, key=lambda t: (t.sample_idx, t.segment_idx))
+                    self._queue.append((batch.worker_id, batch.region, ordered))
         return bool(new)
 
     def take(self, n: int, current_version: int, max_off_policy_steps: int, timeout_s: float) -> Taken:
@@ -104,7 +109,7 @@ class RolloutFeed:
                 else:
                     time.sleep(self.poll_s)
                 continue
-            node, group = self._queue.popleft()
+            node, region, group = self._queue.popleft()
             self.consumed.add(group[0].group_id)
             sessions = group_sessions(group)
             if self.gate is not None and self.gate.quarantined(node):
@@ -123,7 +128,9 @@ class RolloutFeed:
                 continue
             out.groups.append(trajs)
             out.staleness.append(staleness)
+            out.regions.append(region)
         out.wait_s = time.time() - t0
+        out.adoptions, self._adoptions = self._adoptions, []
         out.foreign_rejected, self._foreign_new = self._foreign_new, 0
         out.refused, self._refused_new = self._refused_new, 0
         self.foreign_rejected += out.foreign_rejected

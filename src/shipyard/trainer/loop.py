@@ -93,7 +93,10 @@ def run_trainer(
             trainer_logprobs=tokens,
             **step_kw,
         )
-        record = _train_record(taken, {**stats, **batch.stats}, _timing(t0, t1, time.time(), t_start))
+        timing = _timing(t0, t1, time.time(), t_start)
+        record = _train_record(
+            taken, {**stats, **batch.stats}, timing, step - 1, cfg.trainer.max_off_policy_steps
+        )
         groups = [g[0].group_id for g in taken.groups]
         state = {
             "step": step,
@@ -174,10 +177,44 @@ def _publish(
     return publisher.commit(step, parts) if lead else None
 
 
-def _train_record(taken: Taken, stats: dict[str, float], timing: dict[str, float]) -> dict[str, Any]:
-    """The step's ``train`` metrics record: trainer, batch, rollout and timing figures."""
+def _train_record(
+    taken: Taken, stats: dict[str, float], timing: dict[str, float], version: int, bound: int
+) -> dict[str, Any]:
+    """The step's ``train`` metrics record: trainer, batch, rollout, region and timing figures.
+    ``rollout/over_bound_trained`` audits the staleness bound on what is trained: trajectories (session
+    segments) with a token sampled more than ``bound`` versions before ``version`` (the weights this step trains)."""
     trajs = [t for group in taken.groups for t in group]
-    return {"kind": "train", **_named(stats), **_rollout_metrics(taken, trajs), **timing}
+    over = sum(version - t.min_version() > bound for t in trajs if t.num_sampled())
+    return {
+        "kind": "train",
+        **_named(stats),
+        **_rollout_metrics(taken, trajs),
+        "rollout/over_bound_trained": float(over),
+        **region_metrics(taken),
+        **timing,
+    }
+
+
+def region_metrics(taken: Taken) -> dict[str, float]:
+    """Per region (``fleet.region`` of the workers): ``region/<r>/groups``, ``staleness_mean``,
+    ``staleness_max`` of the groups taken, and ``adoption_lag_s`` (mean seconds from a version's
+    publication to a server of the region going live with it) and ``version`` (newest adopted) of
+    the adoptions reported since the last step."""
+    out: dict[str, float] = {}
+    for region in sorted(set(taken.regions)):
+        st = [s for s, r in zip(taken.staleness, taken.regions, strict=True) if r == region]
+        out |= {
+            f"region/{region}/groups": float(len(st)),
+            f"region/{region}/staleness_mean": sum(st) / len(st),
+            f"region/{region}/staleness_max": float(max(st)),
+        }
+    for region in sorted({a["region"] for a in taken.adoptions}):
+        events = [a for a in taken.adoptions if a["region"] == region]
+        lags = [a["at"] - a["published_at"] for a in events if a.get("published_at") is not None]
+        out[f"region/{region}/version"] = float(max(a["version"] for a in events))
+        if lags:
+            out[f"region/{region}/adoption_lag_s"] = sum(lags) / len(lags)
+    return out
 
 
 @dataclass
