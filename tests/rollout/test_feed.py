@@ -71,24 +71,25 @@ def test_groups_and_adoptions_keep_their_region(tmp_path: Path) -> None:
     from shipyard.trainer.loop import _train_record
 
     store = LocalStore(tmp_path)
-    for name, region, groups, adopted in [
-        (
-            "eu/00000000",
-            "eu",
-            {"e0": 4, "e1": 2},
-            [{"server": "s-eu", "version": 4, "at": 103.0, "published_at": 100.0}],
-        ),
-        (
-            "us/00000000",
-            "us",
-            {"u1": 1, "u0": 5},
-            [{"server": "s-us", "version": 5, "at": 201.5, "published_at": 200.0}],
-        ),
-    ]:
+    for k, (name, region, groups, adopted) in enumerate(
+        [
+            (
+                "eu/00000000",
+                "eu",
+                {"e0": 4, "e1": 2},
+                [{"server": "s-eu", "version": 4, "at": 103.0, "published_at": 100.0}],
+            ),
+            (
+                "us/00000000",
+                "us",
+                {"u1": 1, "u0": 5},
+                [{"server": "s-us", "version": 5, "at": 201.5, "published_at": 200.0}],
+            ),
+        ]
+    ):
         trajs = [_traj(gid, i, v) for gid, v in groups.items() for i in range(4)]
-        b = RolloutBatch(name, name[:2], time.time(), trajs, run_id="r1", region=region, adoptions=adopted)
+        b = RolloutBatch(name, name[:2], 100.0 + k, trajs, run_id="r1", region=region, adoptions=adopted)
         store.put(b.key(), b.to_bytes())
-        time.sleep(0.01)
     feed = RolloutFeed(store, "r1")
     taken = feed.take(3, current_version=5, max_off_policy_steps=3, timeout_s=5)
     assert taken.regions == ["eu", "eu", "us"] and taken.staleness == [1, 3, 0]
