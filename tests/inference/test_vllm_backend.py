@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -61,6 +62,24 @@ def _wait(node: VllmNode, version: int, timeout_s: float = 300) -> None:
         time.sleep(0.2)
 
 
+def _generated_tokens(http: httpx.Client) -> float:
+    lines = http.get("/metrics").text.splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith("vllm:generation_tokens_total"))
+
+
+def _freeze_once_generating(url: str, timeout_s: float = 120) -> None:
+    """Pause vLLM (keeping requests) as soon as it has sampled a token of the request just sent: the
+    request then straddles the next adoption however fast this machine decodes (the node's own
+    pause-apply-resume resumes it)."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        start = _generated_tokens(http)
+        end = time.monotonic() + timeout_s
+        while _generated_tokens(http) <= start:
+            assert time.monotonic() < end, "vLLM sampled no token of the long request"
+            time.sleep(0.02)
+        http.post("/pause", params={"mode": "keep"}).raise_for_status()
+
+
 def test_vllm_adopts_deltas_and_serves_the_trainers_weights(tmp_path: Path) -> None:
     cfg = ShipyardConfig.model_validate(
         {
@@ -109,7 +128,7 @@ def test_vllm_adopts_deltas_and_serves_the_trainers_weights(tmp_path: Path) -> N
         got: dict = {}
         t = threading.Thread(target=lambda: got.update(r=client.generate([long])[0]))
         t.start()
-        time.sleep(1.0)
+        _freeze_once_generating(node.url)
         manifest = pub.publish(3, named_params(trainer))
         _wait(node, 3)
         t.join(timeout=600)
