@@ -6,7 +6,7 @@ held-out tasks (never trained on); the run's summary gives pass@1 before and aft
 95% interval of the difference. `--set` adds overrides (the ablations of docs/benchmarks.md use it
 with a `--name` of their own); `--reuse` reads finished runs instead of running them again.
 
-    python benchmarks/demo_seeds.py                       # 3 seeds of the demo (~15 min each)
+    python benchmarks/demo_seeds.py                       # 3 seeds of the demo (~18 min each)
     python benchmarks/demo_seeds.py --seeds 0 --set trainer.steps=28 --name demo_ablation_steps28
     python benchmarks/demo_seeds.py --quick               # the wiring, on the tiny model (~1 min)
 
@@ -17,9 +17,7 @@ minutes, steps, heldout_n, samples_per_task), `min_ci95_low` (target >= 0.05) an
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import harness
@@ -29,15 +27,8 @@ QUICK = ["run.eval_before_after=true", "eval.heldout_n=8", "tasks.num_generated=
 
 
 def run_seed(config: Path, name: str, seed: int, overrides: list[str], log: Path) -> None:
-    cmd = [sys.executable, "-m", "shipyard.cli", "train", str(config), f"run.name={name}", f"run.seed={seed}"]
-    cmd += [f'run.results_dir="{ROOT / "runs" / name}"', *overrides]
-    harness.console.print(f"[bold]{name}[/]: {' '.join(cmd[3:])}  (log: {log})")
-    t0 = time.time()
-    with open(log, "w") as f:
-        code = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if code != 0:
-        raise SystemExit(f"{name} failed with exit code {code}; see {log}")
-    harness.console.print(f"{name}: done in {(time.time() - t0) / 60:.1f} min")
+    args = ["train", str(config), f"run.name={name}", f"run.seed={seed}"]
+    harness.shipyard([*args, f'run.results_dir="{ROOT / "runs" / name}"', *overrides], log)
 
 
 def read_run(name: str, seed: int) -> dict[str, float | int]:

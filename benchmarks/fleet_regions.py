@@ -3,11 +3,11 @@
 A run of the tiny model as separate processes in Linux network namespaces: the trainer's namespace
 holds a real SeaweedFS S3 server (the origin store) and ``shipyard trainer``; each of three region
 namespaces (``us``, ``eu``, ``ap``), joined to the trainer's by its own veth pair shaped with
-``tc tbf`` to ``--rate-mbit``, runs ``shipyard relay`` (origin -> the region's mirror directory),
-``shipyard serve`` (following the mirror) and ``shipyard worker fleet.region=<name>`` (its batches
-go to the origin over the link). A supervisor restarts any process that exits with an error,
-waiting ``--restart-s`` between tries (what systemd or Ray would do), and nothing else: no step is
-manual. Once the trainer has trained 10 steps, region ``eu``'s link is taken down for 60 s (both
+``tc tbf`` to ``--rate-mbit``, runs ``shipyard region fleet.region=<name>`` (its entry of
+``fleet.regions``: :mod:`shipyard.fleet.region`), which runs the region's ``shipyard relay``
+(origin -> the region's mirror directory), ``shipyard serve`` (following the mirror) and ``shipyard
+worker`` (its batches go to the origin over the link), and restarts any of them that exits with an
+error after ``--restart-s``; this driver does the same for the trainer. No step is manual. Once the trainer has trained 10 steps, region ``eu``'s link is taken down for 60 s (both
 ends of the veth), then brought back; the run goes on for 20 more steps and is stopped.
 
 Figures, from the trainer's metrics and the origin store (``benchmarks/results/fleet_regions.json``
@@ -32,10 +32,8 @@ random model (nothing is learned: this measures versions and staleness). Needs r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from typing import Any
 
 import harness
 from chaos import _quiet, _until
+from shipyard.fleet.region import Supervised
 from weight_sync import Network, _sh, check_network_support
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,54 +53,12 @@ S3_ENV = {"REGIONS_S3_KEY": "regions", "REGIONS_S3_SECRET": "regions"}
 PLOT = ROOT / "docs" / "fleet_regions.png"
 
 
-class Proc:
-    """One supervised process in a namespace: restarted (after ``restart_s``) when it exits non-zero."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, restart_s: float) -> None:
-        self.name, self.argv, self.log, self.restart_s = name, argv, log, restart_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self.done = False
-        self._died_at: float | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-            )
-
-    def supervise(self) -> None:
-        if self.proc is None or self.done or self.proc.poll() is None:
-            return
-        if self.proc.returncode == 0:
-            self.done = True
-            return
-        now = time.monotonic()
-        if self._died_at is None:
-            self._died_at = now
-        if now - self._died_at >= self.restart_s:
-            self._died_at = None
-            self.restarts += 1
-            self.start()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 15)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
-
-
 class RegionsRun:
     """The run's namespaces, store and processes under ``work``."""
 
     def __init__(self, args: Any, work: Path, net: Network, s3_port: int) -> None:
         self.args, self.work, self.net, self.s3_port = args, work, net, s3_port
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, Supervised] = {}
         self.common = [
             f"run.name={RUN}",
             f'run.output_dir="{work / "runs"}"',
@@ -122,6 +79,12 @@ class RegionsRun:
             "relay.poll_s=0.2",
             "inference.poll_s=0.2",
             "sandbox.pool.warm=1",
+            "fleet.regions=["
+            + ",".join(
+                f'{{name="{n}",mirror_root="{work / f"mirror-{n}"}",restart_s={args.restart_s}}}'
+                for n in REGIONS
+            )
+            + "]",
         ]
 
     def cli(self, ns: str | None, command: str, *extra: str) -> list[str]:
@@ -142,40 +105,28 @@ class RegionsRun:
         logs.mkdir(parents=True, exist_ok=True)
         r = self.args.restart_s
         origin = f'store.endpoint_url="http://127.0.0.1:{self.s3_port}"'
-        self.procs["trainer"] = Proc("trainer", self.cli(None, "trainer", origin), logs / "trainer.log", r)
+        self.procs["trainer"] = Supervised(
+            "trainer", self.cli(None, "trainer", origin), logs / "trainer.log", r
+        )
         self.procs["trainer"].start()
         _until(self._claimed, 180, "the trainer claiming the run")
-        for i, name in enumerate(REGIONS):
-            ns, mirror = self.net.regions[i], self.work / f"mirror-{name}"
+        for i, name in enumerate(REGIONS):  # each region is one `shipyard region`: relay, server, worker
             store = f'store.endpoint_url="http://{self.net.ip(i)}:{self.s3_port}"'
-            self.procs[f"{name}/relay"] = Proc(
-                f"{name}/relay",
-                self.cli(ns, "relay", store, f'relay.mirror.root="{mirror}"', f"relay.region={name}"),
-                logs / f"{name}-relay.log",
-                r,
-            )
-            self.procs[f"{name}/server"] = Proc(
-                f"{name}/server",
-                self.cli(ns, "serve", "store.type=local", f'store.root="{mirror}"', "inference.port=8100"),
-                logs / f"{name}-server.log",
-                r,
-            )
-            self.procs[f"{name}/worker"] = Proc(
-                f"{name}/worker",
-                self.cli(ns, "worker", store, f"fleet.region={name}", "--server", "http://127.0.0.1:8100")
-                + ["--worker-id", f"{name}-w0"],
-                logs / f"{name}-worker.log",
-                r,
-            )
-            self.procs[f"{name}/relay"].start()
+            argv = self.cli(self.net.regions[i], "region", store, f"fleet.region={name}")
+            self.procs[name] = Supervised(name, argv, logs / f"{name}-region.log", r)
+            self.procs[name].start()
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts per process: the trainer's by this driver, the regions' by their `shipyard region`."""
+        out = {name: p.restarts for name, p in self.procs.items()}
         for name in REGIONS:
-            _until(
-                lambda m=self.work / f"mirror-{name}": (m / RUN / "RUN.json").exists(),
-                180,
-                f"{name}'s mirror",
-            )
-            self.procs[f"{name}/server"].start()
-            self.procs[f"{name}/worker"].start()
+            for log in sorted((self.work / "runs" / f"region-{name}").glob("*.log")):
+                out[f"{name}/{log.stem}"] = (
+                    (self.work / "logs" / f"{name}-region.log")
+                    .read_text()
+                    .count(f"{name}/{log.stem} exited with code")
+                )
+        return out
 
     def _claimed(self) -> bool:
         return _quiet(self.origin) is not None
@@ -322,9 +273,24 @@ def _rejoin(
         "version_held_at_cut": held,
         "version_at_end": at_end,
         "rejoin_s": None if caught is None else caught - cut["end"],
+        "steps_during_cut": cut["trainer_step_at_end"] - cut["trainer_step"],
+        "longest_step_gap_during_cut_s": _longest_gap(steps_at, cut["at"], cut["end"]),
         "groups_trained_after": len(after),
         "rejoined": caught is not None and len(after) > 0,
     }
+
+
+def _longest_gap(steps_at: list, start: float, end: float) -> float:
+    """The longest wait between consecutive trainer steps over [start, end] (a stalled trainer's)."""
+    times = sorted(ts for ts, _ in steps_at)
+    edges = [start, *(t for t in times if start < t < end), end]
+    before = [t for t in times if t <= start]
+    after = [t for t in times if t >= end]
+    if before:
+        edges[0] = before[-1]
+    if after:
+        edges[-1] = after[0]
+    return max(b - a for a, b in zip(edges, edges[1:], strict=False))
 
 
 def _trainer_version(steps_at: list, t: float) -> int:
@@ -400,7 +366,7 @@ def main() -> None:
         if run is not None:
             run.stop()
         net.down()
-    restarts = {name: p.restarts for name, p in run.procs.items()}
+    restarts = run.restarts()
     rows = {name: {k: v for k, v in r.items() if k != "adoptions"} for name, r in fig["regions"].items()}
     harness.table(f"regions ({args.rate_mbit:g} Mbit/s links; {CUT} cut off {args.partition_s:.0f} s)", rows)
     harness.console.print(

@@ -13,7 +13,8 @@ replays the same trace:
 - ``shared_fifo``: the trace with RL on a server without tiers (``inference.scavenge.enabled = false``:
   every request alike, in arrival order) - what sharing costs production without a scheduler;
 - ``tiers_k<K>``: the trace with RL on a tiered server (``inference.scavenge``: preempt, at most K
-  scavenger rows next to production), one arm per ``--rows``.
+  scavenger rows next to production), one arm per ``--rows``; ``tiers_k<K>_r<S>`` with
+  ``resume_after_s = S`` (``--resume-after``; the default's arm has no suffix).
 
 Per arm: production latency p50/p90/p99 (send to result), ``production_p99_ratio`` (arm p99 /
 production_only p99), RL tokens generated during the trace, and two shares of what production left:
@@ -27,7 +28,8 @@ Prints the table, plots the trace, RL throughput and production latencies over t
 (``docs/fleet_scavenge.png``), and writes ``benchmarks/results/fleet_scavenge.json`` and the
 ``scavenging`` section of ``fleet.json`` (top level: the arm with ``inference.scavenge``'s defaults).
 
-    python benchmarks/fleet_scavenge.py           # SmolLM2-135M, 2 days of 120 s (~12 min)
+    python benchmarks/fleet_scavenge.py           # SmolLM2-135M, 2 days of 120 s (~17 min)
+    python benchmarks/fleet_scavenge.py --day-rps 0.8   # the busier trace of the first run (81% busy)
     python benchmarks/fleet_scavenge.py --quick   # tiny model, one short day (< 1 min)
 """
 
@@ -195,7 +197,16 @@ def run_arms(args: Any, eng: Any, trace: DiurnalTrace) -> dict[str, dict[str, An
         ("production_only", ScavengeConfig(enabled=True), False),
         ("shared_fifo", None, True),
     ]
-    arms += [(f"tiers_k{k}", ScavengeConfig(enabled=True, rows_with_production=k), True) for k in args.rows]
+    default_resume = ScavengeConfig().resume_after_s
+    arms += [
+        (
+            f"tiers_k{k}" + ("" if r == default_resume else f"_r{r:g}"),
+            ScavengeConfig(enabled=True, rows_with_production=k, resume_after_s=r),
+            True,
+        )
+        for k in args.rows
+        for r in args.resume_after
+    ]
     for name, scavenge, rl in arms:
         harness.console.print(f"{name}: the trace ({trace.duration_s:.0f} s){' with RL' if rl else ''}")
         arm = Arm(eng, scavenge, rl)
@@ -215,14 +226,33 @@ def main() -> None:
         "--rows", type=int, nargs="+", default=None, help="rows_with_production per tiers arm (0 4)"
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    ap.add_argument(
+        "--resume-after",
+        type=float,
+        nargs="+",
+        default=None,
+        help="inference.scavenge.resume_after_s per tiers arm (the default's)",
+    )
+    ap.add_argument(
+        "--day-rps",
+        type=float,
+        default=0.45,
+        help="production requests/s at the day's peak (0.45: the server busy about half the trace, "
+        "a fleet sized for its peak; 0.8 keeps it busy 81%%)",
+    )
     args = ap.parse_args()
     args.rows = args.rows or ([0] if args.quick else [0, 4])
-    args.capacity_s = 6.0 if args.quick else 30.0
+    args.resume_after = args.resume_after or [ScavengeConfig().resume_after_s]
+    args.capacity_s = 6.0 if args.quick else 60.0
     args.warm_s = 1.0 if args.quick else 5.0
     trace = DiurnalTrace(
         period_s=args.period or (12.0 if args.quick else 120.0),
         periods=args.periods or (1 if args.quick else 2),
-        **({"night_rps": 0.5, "day_rps": 4.0, "burst_rps": 6.0, "burst_s": 1.0} if args.quick else {}),
+        **(
+            {"night_rps": 0.5, "day_rps": 4.0, "burst_rps": 6.0, "burst_s": 1.0}
+            if args.quick
+            else {"day_rps": args.day_rps}
+        ),
     )
     eng = engine(args.quick, args.threads)
     outs = run_arms(args, eng, trace)

@@ -3,7 +3,8 @@
 Contract: :func:`parser` gives an ``argparse`` parser with ``--quick`` (a reduced size that runs in
 under a minute) and ``--out`` (the results directory); :func:`machine` describes the host (CPU model,
 cores, torch and its CPU capability, date) for ``docs/benchmarks.md``; :func:`table` prints rows
-side by side with rich; :func:`write_results` writes ``<out>/<name>.json`` (``<name>_quick.json``
+side by side with rich; :func:`shipyard` runs one ``shipyard`` command as its own process;
+:func:`write_results` writes ``<out>/<name>.json`` (``<name>_quick.json``
 under ``--quick``) atomically, with the machine description under ``machine``.
 
 Example::
@@ -21,6 +22,9 @@ import datetime
 import json
 import os
 import platform
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]
 console = Console()
 
 
@@ -108,3 +113,19 @@ def merge_fleet(args: argparse.Namespace, section: str, figures: dict[str, Any],
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(fleet, indent=1) + "\n")
     tmp.replace(path)
+
+
+def shipyard(args: list[str], log: Path) -> float:
+    """Run ``shipyard ARGS`` as its own process (in the repository, output to ``log``); returns its
+    minutes, or exits naming the log when it fails."""
+    console.print(f"[bold]shipyard {' '.join(args)}[/]  (log: {log})")
+    t0 = time.time()
+    with open(log, "w") as f:
+        code = subprocess.call(
+            [sys.executable, "-m", "shipyard.cli", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT
+        )
+    if code != 0:
+        raise SystemExit(f"shipyard {args[0]} failed with exit code {code}; see {log}")
+    minutes = (time.time() - t0) / 60
+    console.print(f"done in {minutes:.1f} min")
+    return minutes

@@ -29,7 +29,7 @@ summaries), CIs, paired differences and per-condition summary metrics; plots the
 their intervals and the RL runs' reward per step to docs/long_horizon[_quick].png.
 
     python benchmarks/long_horizon.py --quick     # tiny random model, 2 steps, < 1 minute
-    python benchmarks/long_horizon.py             # SmolLM2-135M, configs/long.toml
+    python benchmarks/long_horizon.py             # SmolLM2-135M, configs/long_horizon.toml
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def plot(res: dict[str, dict[str, Any]], tmp: Path, title: str, out_png: Path) -
 
 def main() -> None:
     ap = parser(__doc__)  # --quick: tiny random model, 2 steps (< 1 minute)
-    ap.add_argument("--config", default="configs/long.toml")
+    ap.add_argument("--config", default="configs/long_horizon.toml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per trained policy")
     ap.add_argument("--n-tasks", type=int, default=None, help="held-out long tasks evaluated")
     ap.add_argument(

@@ -1,5 +1,5 @@
 """The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `midtrain`, `trainer`, `worker`,
-`online ACTION`, each taking a TOML config and dotted overrides, and `view`, taking run directories.
+`region`, `online ACTION`, each taking a TOML config and dotted overrides, and `view`, taking run directories.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -8,10 +8,11 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard eval configs/demo.toml eval.version=20 eval.label=demo
     shipyard serve configs/demo.toml inference.port=8000
     shipyard relay configs/demo.toml relay.mirror.root=/data/region-eu
-    shipyard warmstart configs/long.toml warmstart.output_dir=runs/long-sft
+    shipyard warmstart configs/long_horizon.toml warmstart.output_dir=runs/long-sft
     shipyard midtrain configs/midtrain.toml trainer.world_size=2   # then model.init_from=runs/midtrain/final
     shipyard trainer configs/demo.toml                  # the trainer alone (resumes its checkpoint)
     shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
+    shipyard region configs/demo.toml fleet.region=eu  # a [[fleet.regions]] entry: relay, servers, workers
     shipyard train configs/demo.toml --dry-run
     shipyard view runs/demo runs/try2 --port 8600       # dashboard and rollout viewer in a browser
     shipyard online gateway configs/demo.toml online.gateway.upstream=http://127.0.0.1:8000
@@ -41,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
         ("midtrain", "next-token training on this machine's Python code before RL (model.init_from)"),
         ("trainer", "run the trainer of a run alone, as its own process (resumes from its checkpoint)"),
         ("worker", "run one rollout worker of a run alone, against an inference server"),
+        (
+            "region",
+            "run a region of fleet.regions on this machine: its relay, servers and workers, supervised",
+        ),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("config", help="TOML config file (see configs/)")
@@ -118,6 +123,19 @@ def main(argv: list[str] | None = None) -> int:
 
         _stop_on_signals()
         print(f"worker {args.worker_id}: {worker_process(cfg, args.worker_id, args.server)} batches")
+    elif args.command == "region":
+        from shipyard.fleet.region import Region
+
+        _stop_on_signals()
+        try:
+            region = Region(cfg, args.config, args.overrides)
+        except ValueError as e:
+            print(f"shipyard region: {e}", file=sys.stderr)
+            return 2
+        try:
+            return region.run()
+        except KeyboardInterrupt:  # stopped by a signal: run() stopped its processes on the way out
+            return 0
     elif args.command == "online":
         return _online(cfg, args)
     elif args.command == "relay":

@@ -61,7 +61,7 @@ def test_rules_are_read_back_and_the_solution_matches_the_reference() -> None:
 def demo() -> tuple[object, list[list[Trajectory]]]:
     # a generous command limit: the claim is what the expert does, not how fast a loaded machine
     # runs the grader's pytest (at 10 s a demonstration once failed under a parallel benchmark)
-    cfg = load_config(ROOT / "configs/long.toml", ["model.source=tiny", "sandbox.timeout_s=60"])
+    cfg = load_config(ROOT / "configs/long_horizon.toml", ["model.source=tiny", "sandbox.timeout_s=60"])
     _, tok = load_model(cfg.model)
     tasks = long_tasks(3, seed=2, modules=4, filler_lines=2)
     spec = session_spec(cfg, LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction), tok)
@@ -127,7 +127,7 @@ def test_warmstart_command_writes_a_loadable_policy(tmp_path: Path) -> None:
         "trainer.bf16_decoder=false",
     ]
     args += ["warmstart.demos=2", "warmstart.epochs=1", f'warmstart.output_dir="{out}"']
-    assert main(["warmstart", str(ROOT / "configs/long.toml"), *args]) == 0
+    assert main(["warmstart", str(ROOT / "configs/long_horizon.toml"), *args]) == 0
     report = json.loads((out / "warmstart.json").read_text())
     assert report["demos_played"] == report["demos_kept"] == 2 and report["segments"] >= 4
     loaded, _ = load_model(ModelConfig(source="hf", path=str(out)))

@@ -152,12 +152,12 @@ def test_feed_drops_queued_groups_of_a_node_quarantined_later(world: dict[str, A
     ok = batch(world, "n2", 0, sessions(world, world["model"], "n2/0/0"))
     store.put(ok.key(), ok.to_bytes())
     feed = RolloutFeed(store, "r", gate=v)
-    assert feed._poll() and len(feed._queue) == 1  # admitted, queued
+    assert feed.poll() and len(feed._queue) == 1  # admitted, queued
     bad = batch(world, "n2", 1, sessions(world, world["model"], "n2/1/0"), digest="0" * 64)
     store.put(bad.key(), bad.to_bytes())
     other = batch(world, "n3", 0, sessions(world, world["model"], "n3/0/0"))
     store.put(other.key(), other.to_bytes())
-    assert feed._poll() and v.quarantined("n2")  # n2's next batch fails its digest
+    assert feed.poll() and v.quarantined("n2")  # n2's next batch fails its digest
     taken = feed.take(1, current_version=0, max_off_policy_steps=2, timeout_s=5)
     assert taken.refused == 1 and taken.dropped_quarantined == 2  # n2's queued group: 2 sessions
     assert [g[0].group_id for g in taken.groups] == ["n3/0/0"]

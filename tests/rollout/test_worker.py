@@ -10,11 +10,13 @@ from shipyard.config import load_config
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
 from shipyard.inference.embedded import EmbeddedNode
-from shipyard.rollout.types import RolloutBatch
+from shipyard.metrics.logger import read_metrics
+from shipyard.rollout.types import PROGRESS_KEY, RolloutBatch, TrainerProgress
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
-from shipyard.store.run import stamp_new_run
+from shipyard.store.run import claim_run, stamp_new_run
 from shipyard.trainer.feed import RolloutFeed
+from shipyard.trainer.loop import run_trainer
 from shipyard.weights.snapshot import WeightPublisher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +65,30 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
     assert taken.dropped_errors == crashed_before and all(g[0].task_id == "ok" for g in taken.groups)
 
 
-def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
+def _refusals(worker: RolloutWorker) -> tuple[list[bool], object]:
+    """Record every answer of the worker's version gate (the real gate, called as before)."""
+    answers: list[bool] = []
+    may_start = worker.may_start
+
+    def observed(started: int, groups: int, version: int) -> bool:
+        answers.append(may_start(started, groups, version))
+        return answers[-1]
+
+    return answers, mock.patch.object(worker, "may_start", observed)
+
+
+def _wait_refused(answers: list[bool], times: int = 10) -> None:
+    """Until the gate said no ``times`` more times (it is asked every 0.1 s while it says no)."""
+    seen = answers.count(False)
+    for _ in range(600):
+        if answers.count(False) >= seen + times:
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError("the worker's gate was not asked again")
+
+
+def test_sync_worker_waits_for_the_trainer_and_the_next_version(tmp_path: Path) -> None:
+    """Batch 1 starts only once the trainer finished with batch 0 and the server serves version 1."""
     cfg = load_config(
         ROOT / "configs/tiny.toml",
         [
@@ -78,24 +103,19 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
         worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
-        waiting = threading.Event()
-        wait_for_version = worker.wait_for_version
-
-        def observed(needed: int) -> bool:
-            if needed == 1:
-                waiting.set()  # the worker is about to block until the server serves version 1
-            return wait_for_version(needed)
-
+        answers, observing = _refusals(worker)
         t = threading.Thread(target=worker.run, kwargs={"max_batches": 2})
-        with mock.patch.object(worker, "wait_for_version", observed):
+        with observing:
             t.start()
-            assert waiting.wait(timeout=120), "the worker never asked for version 1"
-        for _ in range(20):  # while it waits, the server is at version 0 and batch 1 cannot appear
-            assert node.engine.version == 0 and t.is_alive()
-            assert len(store.list("rollouts/w0/")) == 1, "sync worker must wait for version 1 before batch 1"
-            waiting.wait(0.05)
-        WeightPublisher(store).publish(1, _params(node))
-        t.join(timeout=60)
+            _wait_refused(answers)  # batch 0 written, batch 1 refused: the trainer has not taken it
+            assert len(store.list("rollouts/w0/")) == 1 and t.is_alive()
+            feed = RolloutFeed(store, worker.identity.run_id)
+            assert len(feed.take(1, 0, 0, timeout_s=5).groups) == 1
+            store.put(PROGRESS_KEY, TrainerProgress(1, dict(feed.consumed_by)).to_bytes())
+            _wait_refused(answers)  # the trainer is done with it, but the server is still at version 0
+            assert node.engine.version == 0 and len(store.list("rollouts/w0/")) == 1
+            WeightPublisher(store).publish(1, _params(node))
+            t.join(timeout=60)
         assert not t.is_alive()
     finally:
         node.stop()
@@ -103,6 +123,45 @@ def test_sync_worker_waits_for_the_next_version(tmp_path: Path) -> None:
     assert {v for tr in second.trajectories for v, m in zip(tr.versions, tr.loss_mask, strict=True) if m} == {
         1
     }
+
+
+def test_a_silent_peer_does_not_stop_the_run(tmp_path: Path) -> None:
+    """Two workers are configured, one plays (its peer's region is cut off): the real trainer takes
+    the live worker's groups and publishes, the worker paces on the trainer's consumption, and all
+    steps complete within the staleness bound (gating on batch numbers stalled at step 2)."""
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'store.root="{tmp_path}"',
+            f'run.output_dir="{tmp_path}/runs"',
+            "rollout.group_size=2",
+            "rollout.num_workers=2",
+            "trainer.groups_per_step=2",
+            "trainer.max_off_policy_steps=1",
+            "trainer.steps=4",
+            "trainer.wait_timeout_s=120",
+        ],
+    )
+    store = claim_run(cfg.store, cfg.run.name, tmp_path / "runs" / cfg.run.name)
+    node = EmbeddedNode(cfg, store)
+    try:
+        spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
+        worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
+        t = threading.Thread(target=worker.run)
+        t.start()
+        result = run_trainer(cfg, store, tmp_path / "runs" / cfg.run.name)
+        t.join(timeout=120)
+        assert not t.is_alive()  # it stops at control/finished
+    finally:
+        worker.stop_event.set()
+        node.stop()
+    assert result["final_version"] == 4
+    progress = TrainerProgress.from_bytes(store.get(PROGRESS_KEY))
+    assert progress.version == 4 and progress.consumed == {"w0": 8}
+    # every group trained was within the bound: the trainer's own audit, step by step
+    metrics = read_metrics(tmp_path / "runs" / cfg.run.name / "metrics.jsonl")
+    trained = [r for r in metrics if r.get("kind") == "train"]
+    assert len(trained) == 4 and all(r["rollout/over_bound_trained"] == 0 for r in trained)
 
 
 def _params(node: EmbeddedNode) -> dict:

@@ -33,7 +33,7 @@ def overrides(tmp: Path, *extra: str) -> list[str]:
 def add_expert_sessions(tmp: Path, name: str, n: int = 2) -> list[str]:
     """Play ``n`` long tasks with the scripted expert through the real harness and write them as the
     batch ``expert/00000000`` of run ``name``; returns their session ids."""
-    cfg = load_config(ROOT / "configs/long.toml", ["model.source=tiny", "sandbox.timeout_s=60"])
+    cfg = load_config(ROOT / "configs/long_horizon.toml", ["model.source=tiny", "sandbox.timeout_s=60"])
     _, tok = load_model(cfg.model)
     tasks = long_tasks(n, seed=2, modules=4, filler_lines=2)
     spec = session_spec(cfg, LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction), tok)

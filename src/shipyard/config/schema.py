@@ -1004,6 +1004,25 @@ class VerifyConfig(_Section):
     """Seeds which sessions and tokens are checked (a node cannot predict them)."""
 
 
+class RegionConfig(_Section):
+    """One region of `fleet.regions`: what `shipyard region CONFIG fleet.region=<name>` starts and
+    keeps running on the region's machine (`shipyard.fleet.region`)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The region's name (`fleet.region` of its processes). Letters, digits, `.`, `_`, `-`."""
+    mirror_root: str
+    """Directory of the region's mirror: its relay copies the origin's versions there and its
+    servers follow it (`relay.mirror.root`; a local store)."""
+    servers: int = Field(1, ge=1)
+    """Inference servers (`shipyard serve`), on loopback ports `port`, `port + 1`, ..."""
+    workers_per_server: int = Field(1, ge=1)
+    """Rollout workers per server (`shipyard worker`, ids `<name>-w<i>`); their batches go to the origin."""
+    port: int = Field(8100, ge=1, le=65535)
+    """Port of the first server."""
+    restart_s: float = Field(5.0, ge=0)
+    """Wait before restarting a process that exited with an error."""
+
+
 class FleetConfig(_Section):
     """Regions, scheduling and trust across machines (`shipyard.fleet`)."""
 
@@ -1014,6 +1033,17 @@ class FleetConfig(_Section):
     adoptions their server reported (version, when it went live, when it was published), and the
     trainer logs staleness and adoption lag per region (`region/<name>/...`). Letters, digits, `.`,
     `_`, `-`."""
+    regions: list[RegionConfig] = []
+    """The run's regions. On each region's machine `shipyard region CONFIG fleet.region=<name>` runs
+    its relay, servers and workers under a supervisor; `rollout.num_workers` must then be their
+    total. Empty: `shipyard train` places everything (one region, `local`)."""
+
+    @model_validator(mode="after")
+    def _unique_regions(self) -> FleetConfig:
+        names = [r.name for r in self.regions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"fleet.regions: region names must be unique (got {names})")
+        return self
 
 
 class RunConfig(_Section):
@@ -1121,5 +1151,11 @@ class ShipyardConfig(_Section):
             raise ValueError(
                 "inference.scavenge.enabled = true needs inference.type = 'embedded' (the tiers live in "
                 "Shipyard's scheduler; for vLLM use its own --scheduling-policy priority)"
+            )
+        workers = sum(r.servers * r.workers_per_server for r in self.fleet.regions)
+        if self.fleet.regions and workers != self.rollout.num_workers:
+            raise ValueError(
+                f"rollout.num_workers={self.rollout.num_workers} but fleet.regions run {workers} workers "
+                "(servers x workers_per_server, summed); set rollout.num_workers to their total"
             )
         return self

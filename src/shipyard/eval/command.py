@@ -8,7 +8,8 @@ repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on). 
 sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
 squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
 every hidden test or SQL check passed whatever ``rewards.weights`` says. Merges ``<label>_pass1``
-(and its CI, n) into ``<results_dir>/humaneval.json``; returns every suite's result.
+(and its CI, n) into ``<results_dir>/humaneval.json``, writes every suite's result (per task:
+``task_ids``, ``passed``, ``rewards``) to ``<results_dir>/eval_<label>.json`` (atomic), and returns it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
             "samples_per_task": k,
             "pass1": res.pass_rate,
             "ci95": [lo, hi],
+            "version": cfg.eval.version,
+            "task_ids": res.task_ids,
             "errors": res.errors,
             "passed": res.passed,
             "rewards": res.rewards,
@@ -77,6 +80,11 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
         )
     if "humaneval" in out:
         _merge(Path(cfg.run.results_dir) / "humaneval.json", cfg.eval.label, out["humaneval"])
+    path = Path(cfg.run.results_dir) / f"eval_{cfg.eval.label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)
     return out
 
 

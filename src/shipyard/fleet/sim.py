@@ -7,7 +7,9 @@ share, staleness and sync lag are defined as the real run's (``summarize`` of it
 - a rollout worker (``workers_per_server`` per server) plays batch ``k`` of ``groups_per_step``
   groups of ``group_size`` sessions, ``concurrency`` at a time, once its server holds version
   ``>= k - lag`` (``lag`` 0 in sync mode, ``max_off_policy_steps`` in async); the batch is
-  delivered when its last session ends (the worker's barrier, as :class:`RolloutWorker`);
+  delivered when its last session ends (the worker's barrier, as :class:`RolloutWorker`). The
+  real worker paces on the trainer's consumption, which is this rule while every worker supplies
+  its share (the simulator has no worker outages);
 - a session is setup, then per turn one engine request (prompt tokens forwarded, tokens
   sampled) and the turn's environment delay;
 - an engine is continuous batching as a fluid: up to ``max_batch`` rows, each advancing one token

@@ -4,7 +4,8 @@ Contract: :func:`trainer_process` claims the run's store (:func:`shipyard.store.
 a new run, or the same run resumed from its last checkpoint) and trains until
 ``trainer.steps``; :func:`worker_process` attaches to the run (:func:`shipyard.store.run.open_run`)
 and plays GRPO groups against the inference server at ``server_url`` (waiting up to 10 minutes for
-it to answer, as one started beside the worker is still loading) until the trainer writes
+it to answer, as one started beside the worker is still loading, and as long for the store, as
+its region may be cut off from the origin) until the trainer writes
 ``control/finished`` (it continues after its last written batch when restarted). With
 ``shipyard serve`` (an inference server) and ``shipyard relay`` these are the processes an
 operator, or a supervisor such as the chaos suite, runs and restarts one by one; ``shipyard
@@ -36,8 +37,10 @@ def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
 def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
     """Play groups for the run ``run.name`` against ``server_url``; returns the batches written."""
     from shipyard.orchestrate.components import build_worker
+    from shipyard.store.retry import until_reachable
     from shipyard.store.run import open_run
 
-    worker = build_worker(cfg, worker_id, server_url, open_run(cfg.store, cfg.run.name))
+    store = until_reachable(lambda: open_run(cfg.store, cfg.run.name), "the run", deadline_s=600)
+    worker = build_worker(cfg, worker_id, server_url, store)
     worker.spec.client.wait_ready(timeout_s=600)  # a server started beside it may still be loading
     return worker.run()

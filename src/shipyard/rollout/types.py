@@ -24,6 +24,31 @@ from shipyard.agent.types import Trajectory
 ROLLOUT_PREFIX = "rollouts/"
 FINISHED_KEY = "control/finished"
 """Written by the trainer after its last step (relative to the run's store); rollout workers stop."""
+PROGRESS_KEY = "control/progress.json"
+""":class:`TrainerProgress`, rewritten by the trainer after each published version."""
+
+
+@dataclass
+class TrainerProgress:
+    """What the trainer has done with the workers' groups: the version it last published and, per
+    worker, how many of its groups it is finished with (trained on, dropped or refused). Rollout
+    workers gate on it: a worker keeps at most ``(lag + 1) * share`` groups the trainer has not
+    finished with, so the trainer's consumption, not each worker's batch count, paces generation,
+    and a region that falls silent does not hold back the others (:mod:`shipyard.rollout.worker`)."""
+
+    version: int = 0
+    consumed: dict[str, int] = field(default_factory=dict)
+    at: float = 0.0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"version": self.version, "consumed": self.consumed, "at": self.at}).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> TrainerProgress:
+        d = json.loads(data)
+        return TrainerProgress(
+            int(d["version"]), {k: int(v) for k, v in d["consumed"].items()}, float(d["at"])
+        )
 
 
 @dataclass

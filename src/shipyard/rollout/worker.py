@@ -1,24 +1,27 @@
 """Rollout worker: plays GRPO groups of agent sessions and writes them to ``rollouts/``.
 
-Contract: worker ``w`` writes one :class:`RolloutBatch` per training step it feeds, holding
-``share = groups_per_step / num_workers`` whole groups of ``group_size`` sessions each, to
-``rollouts/<w>/<k:08d>.json.gz`` (atomic). Batch ``k`` is meant for trainer step ``k + 1``.
-Before starting batch ``k`` the worker waits until its inference server serves at least version
-``k - lag``: ``lag = 0`` in ``sync`` mode (batch k is sampled with version k exactly: the rollouts
-wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode (generation runs
-ahead of the trainer by at most that many versions and never waits otherwise). It always samples
-with the newest weights the server has; each token records its version. With
+Contract: worker ``w`` writes one :class:`RolloutBatch` per ``share = groups_per_step /
+num_workers`` whole groups of ``group_size`` sessions each, to ``rollouts/<w>/<k:08d>.json.gz``
+(atomic). The version gate paces it on the trainer's consumption, read from
+``control/progress.json`` (:class:`~shipyard.rollout.types.TrainerProgress`, written after each
+published version): a group may start when the worker would hold at most ``(lag + 1) * share``
+groups the trainer has not finished with, and its server is at most ``lag`` versions behind the
+trainer's last published version. ``lag = 0`` in ``sync`` mode (batch k is sampled with version k
+exactly: the rollouts wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode
+(generation runs ahead of the trainer by at most that many versions). With every worker supplying,
+that is "batch k starts once the server holds version k - lag"; when one falls silent (a region
+cut off), the trainer takes the others' groups and they go on, so the run does not stop for it.
+It always samples with the newest weights the server has; each token records its version. With
 ``rollout.streaming`` the worker does not wait for a batch's last session: groups start as
-session slots free up (group ``g`` once the server holds ``>= g // share - lag``) and batch ``k``
-holds the ``k``-th ``share`` groups to finish (the trainer drops what ends up over the staleness
-bound). A session that crashes
+session slots free up, under the same gate, and batch ``k`` holds the ``k``-th ``share`` groups to
+finish (the trainer drops what ends up over the staleness bound). A session that crashes
 is recorded with its error (see :func:`shipyard.agent.play.play`). A session that summarized itself contributes
 all its segments, in order, to its group's batch. The worker stops when ``control/finished``
 appears in the store or ``stop`` is set; on restart it continues after its last written batch.
 While the store cannot be reached (a region cut off from the origin) it keeps its batch and
-retries the write, backing off up to 30 s, and goes on sampling with the version its server has
-until the version gate stops it; each batch carries ``fleet.region`` and the adoptions its server
-reported since the previous batch.
+retries every store call (:func:`~shipyard.store.retry.until_reachable`), and goes on sampling with
+the version its server has and the progress it last read until the gate stops it; each batch
+carries ``fleet.region`` and the adoptions its server reported since the previous batch.
 
 Environment: each session runs through the worker's :class:`~shipyard.envs.environment.Environment`
 (services such as PostgreSQL, squashed repositories, reward components, anti-cheat flags; closed
@@ -33,6 +36,7 @@ cheating, :func:`shipyard.envs.grading.anticheat.canary_tasks`) with that probab
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -48,7 +52,8 @@ from shipyard.envs.grading.anticheat import canary_tasks
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.tasks.files import extra_training_tasks
 from shipyard.envs.types import Task
-from shipyard.rollout.types import FINISHED_KEY, ROLLOUT_PREFIX, RolloutBatch
+from shipyard.rollout.types import FINISHED_KEY, PROGRESS_KEY, ROLLOUT_PREFIX, RolloutBatch, TrainerProgress
+from shipyard.store.retry import until_reachable
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
 from shipyard.weights.versions import read_manifest
@@ -64,12 +69,19 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.cfg = cfg
         self.store = store
-        self.identity = read_identity(store)  # stamped into every batch; the trainer checks it
+        self.stop_event = threading.Event()
+        # stamped into every batch (the trainer checks it); a worker may start while its region is cut off
+        self.identity = until_reachable(lambda: read_identity(store), "the run's identity", deadline_s=600)
         self.spec = spec
         self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
-        self.next_seq = len(store.list(f"{ROLLOUT_PREFIX}{worker_id}/"))
-        self.stop_event = threading.Event()
+        self.next_seq = len(
+            until_reachable(
+                lambda: store.list(f"{ROLLOUT_PREFIX}{worker_id}/"), "its batches", deadline_s=600
+            )
+        )
+        self._progress = TrainerProgress()
+        self._progress_read = -1.0
         self.env = Environment.from_config(cfg)
         self.canaries = canary_tasks()
         self.sandboxes: SandboxPool | None = None
@@ -91,26 +103,33 @@ class RolloutWorker:
             return False
 
     def _write(self, batch: RolloutBatch) -> None:
-        """Put ``batch`` in the store, retrying (backoff up to 30 s) while the store is unreachable:
-        the sessions are kept, and the trainer judges their staleness when they arrive."""
-        wait = 1.0
-        while True:
-            try:
-                self.store.put(batch.key(), batch.to_bytes())
-                return
-            except (TimeoutError, ConnectionError) as e:
-                if self.stop_event.is_set():
-                    raise
-                print(
-                    f"{self.worker_id}: batch {batch.batch_id} not written ({e}); again in {wait:.0f} s",
-                    flush=True,
-                )
-                self.stop_event.wait(wait)
-                wait = min(2 * wait, 30.0)
+        """Put ``batch`` in the store, retrying while the store is unreachable: the sessions are
+        kept, and the trainer judges their staleness when they arrive."""
+        data = batch.to_bytes()
+        until_reachable(
+            lambda: self.store.put(batch.key(), data), f"batch {batch.batch_id}", stop=self.stop_event
+        )
 
-    def wait_for_version(self, needed: int) -> bool:
-        """Block until the server serves >= ``needed``; False if asked to stop meanwhile."""
-        while self.spec.client.version() < needed:
+    def progress(self) -> TrainerProgress:
+        """The trainer's :class:`TrainerProgress`, read at most every 0.5 s; the last one read while
+        the store is unreachable, and the empty one before the trainer's first version."""
+        now = time.monotonic()
+        if now - self._progress_read >= 0.5:
+            self._progress_read = now
+            with contextlib.suppress(FileNotFoundError, TimeoutError, ConnectionError):
+                self._progress = TrainerProgress.from_bytes(self.store.get(PROGRESS_KEY))
+        return self._progress
+
+    def may_start(self, started: int, groups: int, version: int) -> bool:
+        """The version gate (module docstring): may ``groups`` more start, with ``started`` started
+        so far and the server at ``version``?"""
+        p = self.progress()
+        outstanding = started + groups - p.consumed.get(self.worker_id, 0)
+        return outstanding <= (self.lag + 1) * self.share and version >= p.version - self.lag
+
+    def wait_for_gate(self, started: int, groups: int) -> bool:
+        """Block until :meth:`may_start`; False if asked to stop meanwhile."""
+        while not self.may_start(started, groups, self.spec.client.version()):
             if self.should_stop():
                 return False
             time.sleep(0.1)
@@ -129,7 +148,7 @@ class RolloutWorker:
                 if self.cfg.rollout.streaming:
                     return self._run_streaming(pool, max_batches)
                 while not self.should_stop() and (max_batches is None or written < max_batches):
-                    if not self.wait_for_version(self.next_seq - self.lag):
+                    if not self.wait_for_gate(self.next_seq * self.share, self.share):
                         break
                     batch = self.play_batch(pool, self.next_seq)
                     self._write(batch)
@@ -156,7 +175,10 @@ class RolloutWorker:
         (a server started from the model files before the trainer published version 0)."""
         if version not in self._digests:
             try:
-                self._digests[version] = read_manifest(self.store, version).state_digest
+                manifest = until_reachable(
+                    lambda: read_manifest(self.store, version), f"manifest {version}", stop=self.stop_event
+                )
+                self._digests[version] = manifest.state_digest
             except FileNotFoundError:
                 return ""
         return self._digests[version]
@@ -192,8 +214,8 @@ class RolloutWorker:
 
     def _run_streaming(self, pool: ThreadPoolExecutor, max_batches: int | None) -> int:
         """``rollout.streaming``: groups start as session slots free up (``concurrency``, at least a
-        group), group ``g`` once the server holds version ``>= g // share - lag``; batches are made
-        of groups in the order they finish, so a long session holds back only its own group."""
+        group) under the version gate; batches are made of groups in the order they finish, so a
+        long session holds back only its own group."""
         size, share = self.cfg.rollout.group_size, self.share
         slots = max(self.cfg.rollout.concurrency, size)
         started, written = self.next_seq * share, 0
@@ -201,7 +223,7 @@ class RolloutWorker:
         done: list[tuple[list[Trajectory], int, float]] = []
         while not self.should_stop() and (max_batches is None or written < max_batches):
             version = self.spec.client.version()  # one request per pass, not two per group
-            while (len(running) + 1) * size <= slots and version >= started // share - self.lag:
+            while (len(running) + 1) * size <= slots and self.may_start(started, 1, version):
                 rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/g{started}")
                 gid = f"{self.worker_id}/g{started:08d}"
                 running[gid] = (self._start_group(pool, rng, gid), version, time.time())

@@ -15,12 +15,15 @@ its groups are counted in ``foreign_rejected`` (per take and in total) and skipp
 ``gate`` (:class:`BatchGate`, e.g. :class:`shipyard.fleet.verify.RolloutVerifier`), a batch the
 gate does not admit is skipped (its groups counted in ``refused``), and queued groups of a node the
 gate has quarantined since are dropped (sessions counted in ``dropped_quarantined``).
+``consumed_by`` counts, per worker, the groups the trainer is finished with (trained on, dropped,
+refused; after a restart, the checkpoint's consumed groups as their batches are read again): the
+trainer publishes it as :class:`~shipyard.rollout.types.TrainerProgress` and the workers gate on it.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,8 +78,11 @@ class RolloutFeed:
         self._queue: deque[tuple[str, str, list[Trajectory]]] = deque()
         """(node, region, group) in arrival order."""
         self._adoptions: list[dict[str, Any]] = []
+        self.consumed_by: Counter[str] = Counter()
+        """Per worker id: its groups this trainer is finished with (trained, dropped or refused)."""
 
-    def _poll(self) -> bool:
+    def poll(self) -> bool:
+        """Read the batches that appeared since the last poll into the queue; True if any did."""
         new = [k for k in self.store.list(ROLLOUT_PREFIX) if k not in self._seen]
         batches = [RolloutBatch.from_bytes(self.store.get(k)) for k in new]
         self._seen.update(new)
@@ -86,10 +92,13 @@ class RolloutFeed:
                 continue
             if self.gate is not None and not self.gate.admit(batch):
                 self._refused_new += len(batch.groups())
+                self.consumed_by[batch.worker_id] += len(batch.groups())
                 continue
             self._adoptions += [{**a, "region": batch.region} for a in batch.adoptions]
             for gid, group in batch.groups().items():
-                if gid not in self.consumed:
+                if gid in self.consumed:
+                    self.consumed_by[batch.worker_id] += 1
+                else:
                     ordered = sorted(group, key=lambda t: (t.sample_idx, t.segment_idx))
                     self._queue.append((batch.worker_id, batch.region, ordered))
         return bool(new)
@@ -100,7 +109,7 @@ class RolloutFeed:
         out = Taken(groups=[], wait_s=0.0)
         while len(out.groups) < n:
             if not self._queue:
-                if self._poll():
+                if self.poll():
                     last_arrival = time.time()
                 elif time.time() - last_arrival > timeout_s:
                     raise TimeoutError(
@@ -111,6 +120,7 @@ class RolloutFeed:
                 continue
             node, region, group = self._queue.popleft()
             self.consumed.add(group[0].group_id)
+            self.consumed_by[node] += 1
             sessions = group_sessions(group)
             if self.gate is not None and self.gate.quarantined(node):
                 out.dropped_quarantined += len(sessions)

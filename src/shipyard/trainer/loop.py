@@ -9,7 +9,8 @@ base model):
    ``trainer.loss.kl_coef > 0`` against a frozen copy of the base model loaded at start),
 3. save a resumable checkpoint (weights, optimizer, consumed group ids) — before publishing,
 4. publish version ``s`` (a delta against ``s - 1``, a snapshot every ``weights.snapshot_every``;
-   shards, manifest, LATEST), log metrics.
+   shards, manifest, LATEST), log metrics, and write ``control/progress.json`` (the version and,
+   per worker, the groups finished with: the workers pace on it).
 A restart loads the newest complete checkpoint and re-publishes its version if the crash came
 between 3 and 4, so no published version is lost and no group is trained on twice. At the end it
 writes ``control/finished`` so rollout workers stop.
@@ -33,7 +34,7 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.grading.anticheat import hack_metrics
 from shipyard.envs.grading.rewards import component_metrics
 from shipyard.metrics.logger import MetricsLogger, read_metrics
-from shipyard.rollout.types import FINISHED_KEY
+from shipyard.rollout.types import FINISHED_KEY, PROGRESS_KEY, TrainerProgress
 from shipyard.store.run import read_identity
 from shipyard.store.types import Store
 from shipyard.trainer.distributed import ONE_PROCESS, Ranks, full_params, rank_tensors
@@ -78,6 +79,7 @@ def run_trainer(
     _publish(lead, publisher, ranks, state["step"], policy, only_missing=True)  # a kill after the checkpoint
     if lead:
         _relog_checkpointed_step(lead.logger, state, store)  # after the re-publish: it reads the manifest
+        lead.report_progress(state["step"], reread=True)  # a resumed trainer recounts what it consumed
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
@@ -115,6 +117,7 @@ def run_trainer(
             lead.logger.log(
                 step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest}
             )
+            lead.report_progress(step)
     if lead:
         lead.finish(cfg, store)
     return {
@@ -141,12 +144,21 @@ class _Leader:
         gate: BatchGate | None = None,
     ) -> None:
         self.publisher = publisher
+        self.store = store
         self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]), gate=gate)
         self.logger = MetricsLogger(run_dir)
 
     def take(self, cfg: ShipyardConfig, step: int) -> Taken:
         t = cfg.trainer
         return self.feed.take(t.groups_per_step, step - 1, t.max_off_policy_steps, t.wait_timeout_s)
+
+    def report_progress(self, version: int, reread: bool = False) -> None:
+        """Tell the workers what is consumed (``control/progress.json``): they pace on it. With
+        ``reread``, read the store's batches first (a resumed feed counts its consumed groups then)."""
+        if reread:
+            self.feed.poll()
+        progress = TrainerProgress(version, dict(self.feed.consumed_by), time.time())
+        self.store.put(PROGRESS_KEY, progress.to_bytes())
 
     def finish(self, cfg: ShipyardConfig, store: Store) -> None:
         """Tell the workers the run is done (``control/finished``), close the log and the feed."""
