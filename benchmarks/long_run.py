@@ -26,6 +26,7 @@ ci95_high; ``humaneval``; ``hours``; ``steps``; ``curve``) and plots ``docs/long
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,7 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted overrides")
     p.add_argument("--reuse", action="store_true", help="skip the stages whose outputs exist")
     args = p.parse_args()
+    os.chdir(ROOT)  # the config's relative paths (runs/, the store) are the repository's
     name = "long-run-quick" if args.quick else "long-run"
     results = ROOT / "runs" / name / "eval"
     overrides = [

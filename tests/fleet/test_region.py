@@ -84,3 +84,17 @@ def test_a_failing_process_is_restarted_and_a_finished_one_stays_down(tmp_path: 
     assert proc.restarts == 2 and count.read_text() == "xxx"  # two failures restarted, then it finished
     proc.supervise()
     assert proc.restarts == 2  # and it stays down
+
+
+def test_a_server_or_relay_is_restarted_however_it_exits(tmp_path: Path) -> None:
+    proc = Supervised(
+        "server", [sys.executable, "-c", "pass"], tmp_path / "s.log", restart_s=0.0, finishes=False
+    )
+    proc.start()
+    end = time.monotonic() + 60
+    while proc.restarts < 2:  # exit 0, restarted; again
+        assert time.monotonic() < end, "a clean exit of a server was not restarted"
+        proc.supervise()
+        time.sleep(0.05)
+    assert not proc.done
+    proc.stop()

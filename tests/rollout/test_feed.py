@@ -1,6 +1,7 @@
 """Trainer's rollout feed: arrival order, staleness drops, crashed sessions, no double use."""
 
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,32 @@ def test_groups_and_adoptions_keep_their_region(tmp_path: Path) -> None:
     # the audit counts what a bound of 2 would have let through wrongly
     assert _train_record(taken, {}, {}, version=5, bound=2)["rollout/over_bound_trained"] == 4.0
     assert feed.take(0, 5, 3, 1).adoptions == []  # reported once
+
+
+def test_the_workers_are_credited_what_the_trainer_finished_with(tmp_path: Path) -> None:
+    """``consumed_by`` counts every group a worker wrote once the trainer is done with it (trained,
+    stale, crashed, a second group of one id, another run's; a restarted feed recounts), and while a
+    take waits it reports that less the groups it will train, so dropped ones get replaced."""
+    store = LocalStore(tmp_path)
+    _batch(store, "w0/00000000", {"old": 0, "g1": 4})
+    _batch(store, "w0/00000001", {"crashy": 5, "g1": 5}, errors=3)  # g1 again: a restarted worker's
+    foreign = RolloutBatch(
+        "w0/00000002", "w0", time.time(), [_traj("x", i, 5) for i in range(4)], run_id="r0"
+    )
+    store.put(foreign.key(), foreign.to_bytes())
+    feed = RolloutFeed(store, "r1", poll_s=0.01)
+    seen: list[dict[str, int]] = []
+
+    def credited(done: Counter[str]) -> None:
+        seen.append(dict(done))
+        if len(seen) == 1:  # the workers replace the dropped groups
+            _batch(store, "w0/00000003", {"g3": 5})
+
+    taken = feed.take(2, current_version=5, max_off_policy_steps=2, timeout_s=5, on_wait=credited)
+    assert [g[0].group_id for g in taken.groups] == ["g1", "g3"]
+    # waiting: old (stale), crashy (crashed), the second g1 and the foreign x are credited; g1 is not yet
+    assert seen[0] == {"w0": 4}
+    assert feed.consumed_by == {"w0": 6}
+    again = RolloutFeed(store, "r1", consumed=feed.consumed)
+    again.poll()
+    assert again.consumed_by == {"w0": 6}

@@ -10,8 +10,9 @@ Contract: ``shipyard region CONFIG fleet.region=<name>`` looks ``<name>`` up in 
 - ``workers_per_server`` rollout workers per server (ids ``<name>-w<i>``, ``fleet.region=<name>``),
   writing their batches to the origin.
 
-A process that exits with an error is started again after ``restart_s`` (what systemd or a Ray
-actor's restart policy would do); one that exits 0 stays down. When every worker has exited 0 (the
+A worker that exits with an error is started again after ``restart_s`` (what systemd or a Ray
+actor's restart policy would do) and one that exits 0 stays down; the relay and the servers are
+started again however they exit. When every worker has exited 0 (the
 trainer wrote ``control/finished``), the region stops its servers and relay and returns 0. A
 signal (:meth:`Region.stop`) stops the workers first, then the servers, then the relay. The region
 adopts versions at its relay's pace and goes on with the version it holds when cut off from the
@@ -41,10 +42,15 @@ from shipyard.config.schema import RegionConfig, ShipyardConfig
 
 
 class Supervised:
-    """One child process, started again ``restart_s`` after it exits with an error."""
+    """One child process, started again ``restart_s`` after it exits with an error; one that may
+    ``finish`` (a worker at the run's end) stays down after a clean exit, any other is restarted
+    whatever its exit (a server or relay is only ever stopped by its supervisor)."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, restart_s: float) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, restart_s: float, finishes: bool = True
+    ) -> None:
         self.name, self.argv, self.log, self.restart_s = name, argv, log, restart_s
+        self.finishes = finishes
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.done = False
@@ -62,7 +68,7 @@ class Supervised:
         """Restart the process if it exited with an error ``restart_s`` ago; note a clean exit."""
         if self.proc is None or self.done or self.proc.poll() is None:
             return
-        if self.proc.returncode == 0:
+        if self.proc.returncode == 0 and self.finishes:
             self.done = True
             return
         now = time.monotonic()

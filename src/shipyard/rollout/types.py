@@ -25,7 +25,8 @@ ROLLOUT_PREFIX = "rollouts/"
 FINISHED_KEY = "control/finished"
 """Written by the trainer after its last step (relative to the run's store); rollout workers stop."""
 PROGRESS_KEY = "control/progress.json"
-""":class:`TrainerProgress`, rewritten by the trainer after each published version."""
+""":class:`TrainerProgress`, rewritten by the trainer after each published version and, while it
+waits for groups, with the groups it dropped credited (so the workers replace them)."""
 
 
 @dataclass

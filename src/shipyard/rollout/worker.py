@@ -4,7 +4,7 @@ Contract: worker ``w`` writes one :class:`RolloutBatch` per ``share = groups_per
 num_workers`` whole groups of ``group_size`` sessions each, to ``rollouts/<w>/<k:08d>.json.gz``
 (atomic). The version gate paces it on the trainer's consumption, read from
 ``control/progress.json`` (:class:`~shipyard.rollout.types.TrainerProgress`, written after each
-published version): a group may start when the worker would hold at most ``(lag + 1) * share``
+published version, and while the trainer waits with the groups it dropped credited): a group may start when the worker would hold at most ``(lag + 1) * share``
 groups the trainer has not finished with, and its server is at most ``lag`` versions behind the
 trainer's last published version. ``lag = 0`` in ``sync`` mode (batch k is sampled with version k
 exactly: the rollouts wait for the trainer) and ``lag = max_off_policy_steps`` in ``async`` mode

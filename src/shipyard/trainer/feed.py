@@ -16,14 +16,17 @@ its groups are counted in ``foreign_rejected`` (per take and in total) and skipp
 gate does not admit is skipped (its groups counted in ``refused``), and queued groups of a node the
 gate has quarantined since are dropped (sessions counted in ``dropped_quarantined``).
 ``consumed_by`` counts, per worker, the groups the trainer is finished with (trained on, dropped,
-refused; after a restart, the checkpoint's consumed groups as their batches are read again): the
-trainer publishes it as :class:`~shipyard.rollout.types.TrainerProgress` and the workers gate on it.
+refused, another run's, a second group of one id; after a restart, the checkpoint's consumed
+groups as their batches are read again): the trainer publishes it as
+:class:`~shipyard.rollout.types.TrainerProgress` and the workers gate on it; while a take waits, it
+is published less the groups that take will train, so that the workers replace dropped groups.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,6 +83,8 @@ class RolloutFeed:
         self._adoptions: list[dict[str, Any]] = []
         self.consumed_by: Counter[str] = Counter()
         """Per worker id: its groups this trainer is finished with (trained, dropped or refused)."""
+        self._queued: set[str] = set()
+        """Group ids ever queued (a second group of one id is never trained)."""
 
     def poll(self) -> bool:
         """Read the batches that appeared since the last poll into the queue; True if any did."""
@@ -89,6 +94,7 @@ class RolloutFeed:
         for batch in sorted(batches, key=lambda b: b.created_at):
             if batch.run_id != self.run_id:
                 self._foreign_new += len(batch.groups())
+                self.consumed_by[batch.worker_id] += len(batch.groups())  # it holds that worker's numbers
                 continue
             if self.gate is not None and not self.gate.admit(batch):
                 self._refused_new += len(batch.groups())
@@ -96,17 +102,28 @@ class RolloutFeed:
                 continue
             self._adoptions += [{**a, "region": batch.region} for a in batch.adoptions]
             for gid, group in batch.groups().items():
-                if gid in self.consumed:
-                    self.consumed_by[batch.worker_id] += 1
+                if gid in self.consumed or gid in self._queued:  # consumed before, or a restarted
+                    self.consumed_by[batch.worker_id] += 1  # streaming worker's second group of that id
                 else:
+                    self._queued.add(gid)
                     ordered = sorted(group, key=lambda t: (t.sample_idx, t.segment_idx))
                     self._queue.append((batch.worker_id, batch.region, ordered))
         return bool(new)
 
-    def take(self, n: int, current_version: int, max_off_policy_steps: int, timeout_s: float) -> Taken:
+    def take(
+        self,
+        n: int,
+        current_version: int,
+        max_off_policy_steps: int,
+        timeout_s: float,
+        on_wait: Callable[[Counter[str]], None] | None = None,
+    ) -> Taken:
+        """``n`` groups (module docstring). While it waits for batches it calls ``on_wait`` with
+        ``consumed_by`` less the groups this take will train: the workers may replace what it dropped."""
         t0 = time.time()
         last_arrival = t0
         out = Taken(groups=[], wait_s=0.0)
+        training: Counter[str] = Counter()
         while len(out.groups) < n:
             if not self._queue:
                 if self.poll():
@@ -116,6 +133,8 @@ class RolloutFeed:
                         f"no rollout batch arrived under {ROLLOUT_PREFIX} for {timeout_s:.0f} s"
                     )
                 else:
+                    if on_wait is not None:
+                        on_wait(self.consumed_by - training)
                     time.sleep(self.poll_s)
                 continue
             node, region, group = self._queue.popleft()
@@ -137,6 +156,7 @@ class RolloutFeed:
                 out.dropped_stale += len(ok)
                 continue
             out.groups.append(trajs)
+            training[node] += 1
             out.staleness.append(staleness)
             out.regions.append(region)
         out.wait_s = time.time() - t0

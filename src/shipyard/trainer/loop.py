@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,20 +147,26 @@ class _Leader:
     ) -> None:
         self.publisher = publisher
         self.store = store
+        self._reported: tuple[int, Counter[str]] | None = None
         self.feed = RolloutFeed(store, run_id, consumed=set(state["consumed"]), gate=gate)
         self.logger = MetricsLogger(run_dir)
 
     def take(self, cfg: ShipyardConfig, step: int) -> Taken:
         t = cfg.trainer
-        return self.feed.take(t.groups_per_step, step - 1, t.max_off_policy_steps, t.wait_timeout_s)
+        credit = partial(self.report_progress, step - 1)  # while it waits: dropped groups get replaced
+        return self.feed.take(t.groups_per_step, step - 1, t.max_off_policy_steps, t.wait_timeout_s, credit)
 
-    def report_progress(self, version: int, reread: bool = False) -> None:
-        """Tell the workers what is consumed (``control/progress.json``): they pace on it. With
-        ``reread``, read the store's batches first (a resumed feed counts its consumed groups then)."""
+    def report_progress(self, version: int, done: Counter[str] | None = None, reread: bool = False) -> None:
+        """Tell the workers what is consumed (``control/progress.json``; ``done`` defaults to the
+        feed's ``consumed_by``): they pace on it. Written only when it changed. With ``reread``,
+        read the store's batches first (a resumed feed counts its consumed groups then)."""
         if reread:
             self.feed.poll()
-        progress = TrainerProgress(version, dict(self.feed.consumed_by), time.time())
-        self.store.put(PROGRESS_KEY, progress.to_bytes())
+        done = self.feed.consumed_by if done is None else done
+        if (version, done) == self._reported:
+            return
+        self._reported = (version, Counter(done))
+        self.store.put(PROGRESS_KEY, TrainerProgress(version, dict(done), time.time()).to_bytes())
 
     def finish(self, cfg: ShipyardConfig, store: Store) -> None:
         """Tell the workers the run is done (``control/finished``), close the log and the feed."""
