@@ -124,18 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         print(f"worker {args.worker_id}: {worker_process(cfg, args.worker_id, args.server)} batches")
     elif args.command == "region":
-        from shipyard.fleet.region import Region
-
-        _stop_on_signals()
-        try:
-            region = Region(cfg, args.config, args.overrides)
-        except ValueError as e:
-            print(f"shipyard region: {e}", file=sys.stderr)
-            return 2
-        try:
-            return region.run()
-        except KeyboardInterrupt:  # stopped by a signal: run() stopped its processes on the way out
-            return 0
+        return _region(cfg, args)
     elif args.command == "online":
         return _online(cfg, args)
     elif args.command == "relay":
@@ -149,6 +138,22 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         serve(cfg)
     return 0
+
+
+def _region(cfg: ShipyardConfig, args: argparse.Namespace) -> int:
+    """``shipyard region``: run this machine's entry of ``fleet.regions`` until the run ends."""
+    from shipyard.fleet.region import Region
+
+    _stop_on_signals()
+    try:
+        region = Region(cfg, args.config, args.overrides)
+    except ValueError as e:
+        print(f"shipyard region: {e}", file=sys.stderr)
+        return 2
+    try:
+        return region.run()
+    except KeyboardInterrupt:  # stopped by a signal: run() stopped its processes on the way out
+        return 0
 
 
 def _version_first(args: argparse.Namespace) -> bool:
