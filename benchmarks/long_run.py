@@ -57,8 +57,14 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     b, a = [float(x) for x in before["passed"]], [float(x) for x in after["passed"]]
     diff, lo, hi = paired_diff_ci(b, a)
     n = len(b)
+    rb, ra = [float(x) for x in before["rewards"]], [float(x) for x in after["rewards"]]
+    rdiff, rlo, rhi = paired_diff_ci(rb, ra)
     return {
         "n": n,
+        "reward_before": sum(rb) / n,  # partial credit (db: checks passed), more sensitive than pass@1
+        "reward_after": sum(ra) / n,
+        "reward_diff": rdiff,
+        "reward_ci95": [rlo, rhi],
         "before": sum(b) / n,
         "before_ci95": list(wilson_ci(round(sum(b)), n)),
         "after": sum(a) / n,
@@ -77,7 +83,9 @@ def by_difficulty(cfg: Any, before: dict[str, Any], after: dict[str, Any]) -> di
     out = {}
     for d in sorted(set(level.values())):
         keep = [i for i, tid in enumerate(before["task_ids"]) if level[tid] == d]
-        part = [{k: [s[k][i] for i in keep] for k in ("task_ids", "passed")} for s in (before, after)]
+        part = [
+            {k: [s[k][i] for i in keep] for k in ("task_ids", "passed", "rewards")} for s in (before, after)
+        ]
         out[f"function_d{d}"] = compare(*part)
     return out
 
@@ -201,7 +209,11 @@ def main() -> int:
     families = {("function" if s == "heldout" else s): v for s, v in families.items()}
     families |= by_difficulty(cfg, before["heldout"], after["heldout"])
     humaneval = compare(before["humaneval"], after["humaneval"])
-    harness.table(f"{name}: held-out pass@1 before -> after", {**families, "humaneval": humaneval})
+    rows_ = {**families, "humaneval": humaneval}
+    harness.table(
+        f"{name}: held-out pass@1 and mean reward, before -> after",
+        {f: {c: v for c, v in r.items() if not isinstance(v, list)} for f, r in rows_.items()},
+    )
     rows = curve(cfg, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     plot(

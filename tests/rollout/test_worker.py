@@ -247,3 +247,28 @@ def test_a_worker_cut_off_from_the_store_keeps_its_batch_and_reports_its_region(
     assert first.region == second.region == "eu" and len(first.trajectories) == 2
     assert [a["version"] for a in first.adoptions] == [1] and second.adoptions == []
     assert first.adoptions[0]["at"] >= first.adoptions[0]["published_at"]
+
+
+def test_tasks_mix_weighs_the_kinds_a_group_draws(tmp_path: Path) -> None:
+    import random
+
+    import pytest
+
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
+    db = [Task(id=f"db{i}", prompt="migrate", entry_point="", kind="db") for i in range(3)]
+    funcs = [Task(id=f"f{i}", prompt="write", entry_point="f") for i in range(97)]
+
+    def draws(mix: dict[str, float]) -> float:
+        cfg = load_config(ROOT / "configs/tiny.toml", [f'store.root="{tmp_path}"'])
+        cfg.tasks.mix = mix
+        worker = RolloutWorker("w0", cfg, store, None, funcs + db)  # type: ignore[arg-type]
+        rng = random.Random(0)
+        return sum(worker.draw_task(rng).kind == "db" for _ in range(4000)) / 4000
+
+    assert abs(draws({}) - 0.03) < 0.015  # uniform over tasks: 3 of 100
+    assert abs(draws({"function": 1, "db": 3}) - 0.75) < 0.03  # 4000 draws: sd 0.007
+    assert draws({"db": 1}) == 1.0
+    with pytest.raises(ValueError, match=r"tasks.mix weighs task kind\(s\) \['repo'\]"):
+        draws({"function": 1, "repo": 1})
+    with pytest.raises(ValueError, match=r"tasks.mix: unknown task kind\(s\) \['sql'\]"):
+        load_config(ROOT / "configs/tiny.toml", ["tasks.mix.sql=1.0"])

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 SIGNAL_KINDS = ("thumb", "score", "edit", "tests", "followup", "abandoned")
 """User signal kinds the online gateway accepts as feedback (`shipyard.online.types.FeedbackEvent`)."""
+TASK_KINDS = ("function", "db", "repo")
+"""The kinds of training task (`shipyard.envs.types.Task.kind`) that `tasks.mix` weighs."""
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """`run.name` is one path component: it names the run's directory and its prefix in the store."""
 
@@ -351,12 +353,27 @@ class TasksConfig(_Section):
     the PostgreSQL server binaries, see `services.postgres`)."""
     num_repo: int = Field(0, ge=0)
     """Generated repository-level tasks added to the training set (`shipyard.envs.tasks.repo`)."""
+    mix: dict[str, float] = {}
+    """Chance that a group plays each kind of training task (`function`, `db`, `repo`), e.g.
+    `{function = 0.7, db = 0.2, repo = 0.1}`; the weights are normalised. A kind left out is never
+    drawn. Empty: groups draw uniformly over all training tasks, so a kind weighs by its count (2,000
+    generated function tasks drown 60 db tasks)."""
     files: list[str] = []
     """Task files in the documented format (docs/tasks.md) whose tasks are added to the training set.
     Made absolute once by `shipyard.config.load_config` (so every process, Ray actors included, reads
     the same files): entries written in a config file are relative to that file's directory, CLI
     overrides to the working directory; `~` is expanded. A config built in code without `load_config`
     keeps what it was given (pass it through `shipyard.config.load.derive` to get absolute paths)."""
+
+    @field_validator("mix")
+    @classmethod
+    def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(mix) - set(TASK_KINDS))
+        if unknown:
+            raise ValueError(f"tasks.mix: unknown task kind(s) {unknown}; the kinds are {list(TASK_KINDS)}")
+        if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
+            raise ValueError(f"tasks.mix: weights must be >= 0 with a positive sum, got {mix}")
+        return mix
 
 
 class RolloutConfig(_Section):

@@ -29,7 +29,8 @@ when :meth:`RolloutWorker.run` returns), so every trajectory carries ``reward_co
 ``flags``. Function-task sessions take their sandbox from a :class:`SandboxPool` (pre-warmed,
 commands capped at the core count; ``sandbox.pool.rollouts``, closed when :meth:`run` returns);
 db and repo tasks get theirs from the environment. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
-files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``). With
+files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``); ``tasks.mix`` weighs
+the kinds a group draws from (:meth:`RolloutWorker.draw_task`). With
 ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
 cheating, :func:`shipyard.envs.grading.anticheat.canary_tasks`) with that probability.
 """
@@ -66,6 +67,16 @@ class RolloutWorker:
         self.tasks = tasks + extra_training_tasks(cfg.tasks)  # tasks.num_db, num_repo, files
         if not self.tasks:
             raise ValueError("rollout worker needs at least one training task (check tasks.num_generated)")
+        self.by_kind: dict[str, list[Task]] = {}
+        for t in self.tasks:
+            self.by_kind.setdefault(t.kind, []).append(t)
+        self.mix = {k: w for k, w in cfg.tasks.mix.items() if w > 0}
+        missing = sorted(k for k in self.mix if k not in self.by_kind)
+        if missing:
+            raise ValueError(
+                f"tasks.mix weighs task kind(s) {missing} but the training set has none of them: "
+                "set tasks.num_db / tasks.num_repo (or add task files), or drop them from tasks.mix"
+            )
         self.worker_id = worker_id
         self.cfg = cfg
         self.store = store
@@ -192,7 +203,7 @@ class RolloutWorker:
         self, pool: ThreadPoolExecutor, rng: random.Random, gid: str
     ) -> list[Future[list[Trajectory]]]:
         """Submit one group's sessions: a task drawn by ``rng`` (a canary at ``anticheat.canary_rate``)."""
-        task = rng.choice(self.tasks)
+        task = self.draw_task(rng)
         rate = self.cfg.anticheat.canary_rate
         if rate and rng.random() < rate:
             task = rng.choice(self.canaries)
@@ -200,6 +211,14 @@ class RolloutWorker:
             pool.submit(self.play_session, task, f"{gid}/{task.id}", i)
             for i in range(self.cfg.rollout.group_size)
         ]
+
+    def draw_task(self, rng: random.Random) -> Task:
+        """A training task: uniform over all of them, or a kind drawn by ``tasks.mix`` first."""
+        if not self.mix:
+            return rng.choice(self.tasks)
+        kinds = sorted(self.mix)
+        kind = rng.choices(kinds, weights=[self.mix[k] for k in kinds])[0]
+        return rng.choice(self.by_kind[kind])
 
     def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
         rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")
