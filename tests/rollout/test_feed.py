@@ -132,3 +132,24 @@ def test_the_workers_are_credited_what_the_trainer_finished_with(tmp_path: Path)
     again = RolloutFeed(store, "r1", consumed=feed.consumed)
     again.poll()
     assert again.consumed_by == {"w0": 6}
+
+
+def test_dynamic_sampling_skips_uniform_groups_up_to_its_budget(tmp_path: Path) -> None:
+    """``skip_uniform``: groups whose sessions all earned one reward are skipped (and credited, so the
+    workers replace them) until the take has skipped that many; then uniform groups are taken."""
+    store = LocalStore(tmp_path)
+    rewards = {"u0": [0.0] * 4, "s1": [0.0, 1.0, 0.0, 0.0], "u2": [1.0] * 4, "s3": [0.5, 0.5, 0.5, 0.25]}
+    rewards |= {"u4": [0.0] * 4, "u5": [0.0] * 4, "s6": [1.0, 0.0, 1.0, 1.0]}
+    trajs = [_traj(g, i, 5, reward=r) for g, rs in rewards.items() for i, r in enumerate(rs)]
+    b = RolloutBatch(
+        batch_id="w0/00000000", worker_id="w0", created_at=time.time(), trajectories=trajs, run_id="r1"
+    )
+    store.put(b.key(), b.to_bytes())
+    feed = RolloutFeed(store, "r1", poll_s=0.01)
+    first = feed.take(2, 5, 2, timeout_s=5, skip_uniform=2)
+    assert [g[0].group_id for g in first.groups] == ["s1", "s3"] and first.skipped_uniform == 2
+    assert feed.consumed_by == {"w0": 4}  # the skipped ones are credited: the workers replace them
+    second = feed.take(2, 5, 2, timeout_s=5, skip_uniform=1)  # budget spent on u4: u5 is taken
+    assert [g[0].group_id for g in second.groups] == ["u5", "s6"] and second.skipped_uniform == 1
+    off = RolloutFeed(store, "r1", poll_s=0.01).take(2, 5, 2, timeout_s=5)
+    assert [g[0].group_id for g in off.groups] == ["u0", "s1"] and off.skipped_uniform == 0

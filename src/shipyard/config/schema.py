@@ -527,6 +527,11 @@ class TrainerConfig(_Section):
     (groups_per_step / rollout.num_workers) as one batch per step."""
     max_off_policy_steps: int = Field(4, ge=0)
     """Samples whose oldest token version is more than this many steps behind are dropped."""
+    skip_uniform_groups: int = Field(0, ge=0)
+    """DAPO dynamic sampling: per step, skip up to this many groups whose sessions all earned the same
+    reward (all failed, all solved: no advantage) and wait for groups with signal instead; the workers
+    replace them. Then uniform groups are taken (`loss.drop_uniform_groups` filters them within the
+    step), so a policy that solves all or nothing cannot stall the run. 0: off."""
     lr: float = Field(1e-5, gt=0)
     """AdamW learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -20,6 +20,8 @@ refused, another run's, a second group of one id; after a restart, the checkpoin
 groups as their batches are read again): the trainer publishes it as
 :class:`~shipyard.rollout.types.TrainerProgress` and the workers gate on it; while a take waits, it
 is published less the groups that take will train, so that the workers replace dropped groups.
+With ``skip_uniform`` (``trainer.skip_uniform_groups``), groups whose sessions all earned one reward
+are skipped like stale ones, up to that many per take (DAPO's dynamic sampling).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Taken:
     foreign_rejected: int = 0
     refused: int = 0
     dropped_quarantined: int = 0
+    skipped_uniform: int = 0
+    """Groups skipped because every session earned the same reward (``skip_uniform``)."""
     staleness: list[int] = field(default_factory=list)
     regions: list[str] = field(default_factory=list)
     """Per taken group, the region of the worker that wrote it (parallel to ``staleness``)."""
@@ -117,9 +121,14 @@ class RolloutFeed:
         max_off_policy_steps: int,
         timeout_s: float,
         on_wait: Callable[[Counter[str]], None] | None = None,
+        skip_uniform: int = 0,
     ) -> Taken:
         """``n`` groups (module docstring). While it waits for batches it calls ``on_wait`` with
-        ``consumed_by`` less the groups this take will train: the workers may replace what it dropped."""
+        ``consumed_by`` less the groups this take will train: the workers may replace what it dropped.
+        ``skip_uniform``: DAPO's dynamic sampling, at most this many groups whose sessions all earned
+        the same reward (no advantage, no gradient) are skipped per take and the take waits for
+        groups with signal instead; after that, uniform groups are taken (a policy that solves all or
+        nothing must not stall the run)."""
         t0 = time.time()
         last_arrival = t0
         out = Taken(groups=[], wait_s=0.0)
@@ -154,6 +163,9 @@ class RolloutFeed:
                 continue
             if staleness > max_off_policy_steps:
                 out.dropped_stale += len(ok)
+                continue
+            if out.skipped_uniform < skip_uniform and len({s[0].reward for s in ok}) == 1:
+                out.skipped_uniform += 1
                 continue
             out.groups.append(trajs)
             training[node] += 1

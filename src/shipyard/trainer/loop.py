@@ -154,7 +154,14 @@ class _Leader:
     def take(self, cfg: ShipyardConfig, step: int) -> Taken:
         t = cfg.trainer
         credit = partial(self.report_progress, step - 1)  # while it waits: dropped groups get replaced
-        return self.feed.take(t.groups_per_step, step - 1, t.max_off_policy_steps, t.wait_timeout_s, credit)
+        return self.feed.take(
+            t.groups_per_step,
+            step - 1,
+            t.max_off_policy_steps,
+            t.wait_timeout_s,
+            credit,
+            skip_uniform=t.skip_uniform_groups,
+        )
 
     def report_progress(self, version: int, done: Counter[str] | None = None, reread: bool = False) -> None:
         """Tell the workers what is consumed (``control/progress.json``; ``done`` defaults to the
@@ -369,6 +376,7 @@ def _rollout_metrics(taken: Taken, trajs: list[Any]) -> dict[str, float]:
         "rollout/foreign_rejected": float(taken.foreign_rejected),
         "rollout/refused_groups": float(taken.refused),
         "rollout/dropped_quarantined": float(taken.dropped_quarantined),
+        "rollout/skipped_uniform": float(taken.skipped_uniform),
         "rollout/samples": float(len(sessions)),
         "rollout/sampled_tokens": float(sum(t.num_sampled() for t in trajs)),
         "rollout/turns_mean": sum(t.num_turns for t in trajs) / n,
