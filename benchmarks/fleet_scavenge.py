@@ -33,7 +33,7 @@ Prints the table, plots the trace, RL throughput and production latencies over t
 (``docs/fleet_scavenge.png``), and writes ``benchmarks/results/fleet_scavenge.json`` and the
 ``scavenging`` section of ``fleet.json`` (top level: the arm with ``inference.scavenge``'s defaults).
 
-    python benchmarks/fleet_scavenge.py           # SmolLM2-135M, 2 days of 120 s in 8 rounds (~20 min)
+    python benchmarks/fleet_scavenge.py           # SmolLM2-135M, 2 days of 120 s in 8 rounds (~23 min)
     python benchmarks/fleet_scavenge.py --day-rps 0.8   # the busier trace of the first run (81% busy)
     python benchmarks/fleet_scavenge.py --quick   # tiny model, one short day (< 1 min)
 """
