@@ -133,6 +133,8 @@ class RolloutFeed:
         last_arrival = t0
         out = Taken(groups=[], wait_s=0.0)
         training: Counter[str] = Counter()
+        # One loop on purpose: each drop reason below counts into ``out`` and credits ``consumed_by`` in
+        # the same pass, in the order the module docstring gives; split up, the counters would travel.
         while len(out.groups) < n:
             if not self._queue:
                 if self.poll():
