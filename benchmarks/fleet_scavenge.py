@@ -18,7 +18,10 @@ Interleaved, because this 2-core VM's speed drifts as much as the effect measure
 after another differed by +-0.2 in p99 ratio from drift alone): the trace is cut into windows of
 ``--window`` seconds, and round k first measures the server's RL throughput alone (``capacity``,
 10 s) then replays window k on every arm, in an order rotated each round (the RL load warmed up
-5 s before the window's production starts; a window lasts until its last request is served).
+5 s before the window's production starts; a window lasts until its last request is served). Each
+arm starts with the engine's prefix cache empty: the arms replay the same production and RL prompts,
+so an arm run after another would otherwise prefill them from the cache (before 2026-11-27 it did,
+which favoured whichever arm ran later in a round by 1-2 s of production latency).
 
 Per arm: production latency p50/p90/p99 (send to result), ``production_p99_ratio`` (arm p99 /
 production_only p99), RL tokens generated during the trace, and two shares of what production left:
@@ -83,6 +86,8 @@ class Arm:
         from shipyard.inference.server import InferenceServer
 
         self.eng = eng
+        if eng.prefix is not None:  # every arm starts cold: the windows replay the same prompts
+            eng.prefix.clear()
         self.server = InferenceServer(eng, scavenge=scavenge, drain_s=0.0).start()
         self.scheduler = self.server.app.state.scheduler
         self.client = HttpInferenceClient(self.server.url)

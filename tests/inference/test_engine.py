@@ -587,6 +587,30 @@ def test_prefix_cache_reuses_a_turn_and_matches_a_cold_prefill(dense: tuple[Any,
     assert [r.token_ids for r in after] != [r.token_ids for r in reused]  # the new weights do differ
 
 
+def test_prefix_hits_admitted_together_prefill_in_one_forward(dense: tuple[Any, Any]) -> None:
+    """Turns extending cached prefixes of different lengths by different numbers of new tokens (a
+    resumed row adds one, an agent's turn many) share one padded forward; each row's tokens and
+    logprobs equal a cold prefill of its whole prompt."""
+    model, tok = dense
+    cold = EmbeddedEngine(model, tok, max_batch=4)
+    warm = EmbeddedEngine(copy.deepcopy(model), tok, max_batch=4, prefix_cache_mb=64)
+    turn1 = [GenerateRequest(p, _greedy(6)) for p in PROMPTS]
+    first = warm.generate(turn1)
+    suffixes = [[], [17], [17, 18, 19, 20, 21], [30, 31]][: len(PROMPTS)]
+    turn2 = [
+        GenerateRequest(
+            q.prompt_ids + r.token_ids + extra, SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+        )
+        for q, r, extra in zip(turn1, first, suffixes, strict=True)
+    ]
+    batches = warm.stats["batches"]
+    reused, fresh = warm.generate(turn2), cold.generate(turn2)
+    assert warm.stats["batches"] == batches + 1 and warm.stats["prefix_hits"] == len(turn2)
+    for r, f in zip(reused, fresh, strict=True):
+        assert r.token_ids == f.token_ids and r.cached_tokens > 0
+        assert max(abs(a - b) for a, b in zip(r.logprobs, f.logprobs, strict=True)) < 1e-4
+
+
 def test_prefix_cache_is_off_for_sliding_window_models() -> None:
     """A sliding-window cache drops old positions, so rows can neither be kept nor joined: the engine
     runs such a model with the prefix cache off and static admission, and still samples."""
@@ -625,6 +649,7 @@ def test_prefix_cache_lru_budget_and_longest_match() -> None:
     hit = cache.lookup([1, 2, 3, 4, 5])
     assert hit is not None and hit.tokens == [1, 2, 3, 4]
     assert cache.lookup([1, 2, 3, 4]) is None  # a proper prefix only: one token must stay to prefill
+    assert cache.cached_len([1, 2, 3, 4, 5]) == 4 and cache.cached_len([1, 2, 3, 4]) == 0
     assert cache.lookup([7, 8]) is None
     cache.put(entry([5, 5, 5, 5]))  # over budget: evicts the least recently used ([7, 8, 9])
     assert cache.lookup([7, 8, 9, 1]) is None and cache.lookup([1, 2, 3, 4, 0]) is not None

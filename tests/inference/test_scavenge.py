@@ -133,3 +133,27 @@ def test_scavenger_prefills_are_capped_per_step(model_tok, budget: int, prefills
         sched.close(drain_s=1.0)
     assert [len(r.token_ids) for r in results] == [6, 6, 6]
     assert engine.stats["batches"] == prefills
+
+
+def test_preempted_rows_resume_together_since_their_prefix_is_cached(model_tok) -> None:
+    engine = EmbeddedEngine(*model_tok, max_batch=4, prefix_cache_mb=64)
+    sched = BatchScheduler(
+        engine,
+        reserved_slots=0,
+        scavenge=ScavengeConfig(enabled=True, prefill_tokens=4, resume_after_s=0.1),
+    )
+    try:  # a 4-token budget: cold 4-token prompts go in one per step boundary
+        flowing, count = _counter(30)
+        scav = sched.submit([_req(120, "scavenger", seed=s, temperature=0.7) for s in range(3)], count)
+        assert flowing.wait(30)
+        assert engine.stats["batches"] == 3 and sched.tier_stats.preemptions == 0
+        prod = GenerateRequest([9, 10, 11], SamplingParams(max_tokens=4, logit_bias=NO_EOS))
+        sched.submit([prod]).result(timeout=30)
+        results = scav.result(timeout=60)
+    finally:
+        sched.close(drain_s=1.0)
+    assert sched.tier_stats.preemptions == 3 and [len(r.token_ids) for r in results] == [120] * 3
+    # each continuation forwards one token (the rest is its own cached prefix): all three fit the
+    # 4-token budget at one boundary; counted by prompt length they would take three
+    assert engine.stats["prefix_hits"] == 3
+    assert engine.stats["batches"] == 3 + 1 + 1

@@ -419,6 +419,11 @@ class EmbeddedEngine:
 
     # ---------------------------------------------------------------------------------- requests
 
+    def prefill_cost(self, prompt_ids: list[int]) -> int:
+        """Prompt tokens an admission of ``prompt_ids`` would forward now: those the prefix cache does
+        not hold (a preempted row's continuation: one). Call from the thread running :meth:`serve`."""
+        return len(prompt_ids) - (self.prefix.cached_len(prompt_ids) if self.prefix is not None else 0)
+
     def validate(self, requests: list[GenerateRequest]) -> None:
         """Raise ValueError naming the first malformed request (ids, sampling parameters, length)."""
         if not isinstance(requests, list):
@@ -538,10 +543,9 @@ class EmbeddedEngine:
         rows = [self._new_row(job) for job in jobs]
         hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
         cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
+        warm = [(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None]
         parts = [self._prefill(cold)] if cold else []
-        parts += [
-            self._prefill_from(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None
-        ]
+        parts += [self._prefill_from(warm)] if warm else []
         joined, new_logits_BV = parts[0]
         for part, part_logits_BV in parts[1:]:
             joined.join(part)
@@ -650,24 +654,41 @@ class EmbeddedEngine:
         batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         return batch, out.logits[:, -1, :].float().cpu()
 
-    def _prefill_from(self, row: _Row, hit: PrefixEntry) -> tuple[_Batch, torch.Tensor]:
-        """Prefill one row whose prompt extends a cached prefix: only the new tokens are forwarded."""
-        prompt, n = row.request.prompt_ids, len(hit.tokens)
+    def _prefill_from(self, warm: list[tuple[_Row, PrefixEntry]]) -> tuple[_Batch, torch.Tensor]:
+        """Prefill rows whose prompts extend cached prefixes, in one forward: only the new tokens.
+
+        Row b's columns: its cached ``n_b`` positions right-aligned in a width of the longest, then
+        its ``m_b`` new tokens right-aligned in a width of the most new ones; the padding between
+        is masked (causal attention never reads it), so each row sees exactly its own prefix."""
+        n_B = [len(hit.tokens) for _, hit in warm]
+        m_B = [len(row.request.prompt_ids) - n for (row, _), n in zip(warm, n_B, strict=True)]
+        width_n, width_m = max(n_B), max(m_B)
         cache = DynamicCache(config=self.model.config)
-        for i, (keys_HND, values_HND) in enumerate(zip(hit.keys_HND, hit.values_HND, strict=True)):
-            cache.update(keys_HND[None], values_HND[None], i)
+        for i in range(len(warm[0][1].keys_HND)):
+            keys_BHND = torch.stack([_left_pad(hit.keys_HND[i], width_n, 1) for _, hit in warm])
+            values_BHND = torch.stack([_left_pad(hit.values_HND[i], width_n, 1) for _, hit in warm])
+            cache.update(keys_BHND, values_BHND, i)
+        ids_BM = torch.full((len(warm), width_m), self.pad_id, dtype=torch.long)
+        pos_BM = torch.zeros((len(warm), width_m), dtype=torch.long)
+        attn_BT = torch.zeros((len(warm), width_n + width_m), dtype=torch.long)
+        for b, ((row, _), n, m) in enumerate(zip(warm, n_B, m_B, strict=True)):
+            ids_BM[b, width_m - m :] = torch.tensor(row.request.prompt_ids[n:], dtype=torch.long)
+            pos_BM[b, width_m - m :] = torch.arange(n, n + m)
+            attn_BT[b, width_n - n : width_n] = 1
+            attn_BT[b, width_n + width_m - m :] = 1
+            row.cached = n
         out = self.model(
-            input_ids=torch.tensor([prompt[n:]], dtype=torch.long, device=self.device),
-            position_ids=torch.arange(n, len(prompt), device=self.device)[None],
+            input_ids=ids_BM.to(self.device),
+            attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
+            position_ids=pos_BM.to(self.device),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        self.stats["prefix_hits"] += 1
-        self.stats["prefix_tokens"] += n
-        row.cached = n
-        attn_BT = torch.ones((1, len(prompt)), dtype=torch.long)
-        batch = _Batch([row], cache, attn_BT, torch.tensor([len(prompt) - 1]))
+        self.stats["prefix_hits"] += len(warm)
+        self.stats["prefix_tokens"] += sum(n_B)
+        pos_B = torch.tensor([n + m - 1 for n, m in zip(n_B, m_B, strict=True)])
+        batch = _Batch([row for row, _ in warm], cache, attn_BT, pos_B)
         return batch, out.logits[:, -1, :].float().cpu()
 
     def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ Contract:
   the cache holds more than ``budget_bytes``; an entry larger than the budget is not stored.
 - :meth:`PrefixCache.lookup` returns the entry with the longest token sequence that is a proper
   prefix of the prompt (at least one prompt token is left to prefill, which yields the logits of
-  the first sampled token), or None.
+  the first sampled token), or None; :meth:`PrefixCache.cached_len` says how many prompt tokens
+  that lookup would serve, without using the entry (admission budgets count only the rest).
 - The engine clears the cache whenever new weights go live and stores a row only if no update
   landed while it ran, so reused keys/values were computed with the weights now serving.
 
@@ -89,12 +90,7 @@ class PrefixCache:
         positions of one when ``n >= min_shared`` (another session under the same system prompt:
         causal attention makes those keys and values depend on those tokens alone). At least one
         prompt token is always left to prefill."""
-        best_key, best_len = None, 0
-        cap = len(prompt) - 1
-        for key, entry in self._entries.items():
-            n = _common_len(entry.tokens, prompt, min(len(entry.tokens), cap))
-            if n > best_len and (n == len(entry.tokens) or n >= self.min_shared):
-                best_key, best_len = key, n
+        best_key, best_len = self._best(prompt)
         if best_key is None:
             return None
         self._entries.move_to_end(best_key)
@@ -107,6 +103,21 @@ class PrefixCache:
             [k[:, :best_len] for k in hit.keys_HND],
             [v[:, :best_len] for v in hit.values_HND],
         )
+
+    def cached_len(self, prompt: list[int]) -> int:
+        """How many leading tokens of ``prompt`` a :meth:`lookup` now would serve from the cache
+        (0: none); nothing is marked used or counted."""
+        return self._best(prompt)[1]
+
+    def _best(self, prompt: list[int]) -> tuple[int | None, int]:
+        """The key of the entry sharing the longest usable prefix with ``prompt``, and its length."""
+        best_key, best_len = None, 0
+        cap = len(prompt) - 1
+        for key, entry in self._entries.items():
+            n = _common_len(entry.tokens, prompt, min(len(entry.tokens), cap))
+            if n > best_len and (n == len(entry.tokens) or n >= self.min_shared):
+                best_key, best_len = key, n
+        return best_key, best_len
 
     def put(self, entry: PrefixEntry) -> None:
         """Store ``entry``, dropping the entries it extends, then evict LRU entries over budget."""

@@ -29,8 +29,10 @@ the engine is idle, the first arrival waits ``gather_window_s`` for others (stop
   over that allowance (the most recently admitted first) are preempted at the next decode step
   (``mode = "preempt"``): each goes back to the front of the scavenger queue as a continuation (its
   prompt plus the tokens so far; the caller gets one result, the parts joined, exactly as sampled),
-  or they run to their end (``mode = "finish"``). Scavenger prompts admitted at one step boundary are
-  capped at ``prefill_tokens`` (at least one row), since a prefill cannot be interrupted.
+  or they run to their end (``mode = "finish"``). Scavenger prompt tokens prefilled at one step boundary
+  are capped at ``prefill_tokens`` (at least one row), since a prefill cannot be interrupted; tokens the
+  engine's prefix cache holds are not counted (a continuation's own keys/values were kept when it was
+  preempted, so it resumes by forwarding one token).
   :attr:`BatchScheduler.tier_stats` counts each tier's generated tokens and the scavenger's
   preemptions and yields (seconds from a production arrival to the last preempted row leaving).
   Limits: a continuation samples with a fresh seed (``seed + tokens so far`` when the request had
@@ -347,41 +349,44 @@ class BatchScheduler:
         for item in [item for item in self._queue if item.scavenger]:
             if room <= 0 or budget <= 0:
                 break
-            admitted = self._admit(item, room, jobs, budget, first)
+            admitted, spent = self._admit(item, room, jobs, budget, first)
             room -= len(admitted)
-            budget -= sum(len(job.request.prompt_ids) for job in admitted)
+            budget -= spent
             first = first and not admitted
         return jobs
 
     def _admit(
         self, item: _Item, free: int, jobs: list[Job], budget: int | None = None, first: bool = True
-    ) -> list[Job]:
+    ) -> tuple[list[Job], int]:
         """Admit up to ``free`` of ``item``'s pending requests into ``jobs``; with a ``budget``, only
-        while their prompts fit in it (past it only the ``first`` row of the step); returns those admitted."""
+        while the prompt tokens they prefill fit in it (past it only the ``first`` row of the step);
+        returns those admitted and the tokens they prefill (0 without a budget)."""
         new: list[Job] = []
         if free <= 0 or (item.long and self._long_running >= self.long_slots):
-            return new  # its share is full: shorter requests behind it go first
+            return new, 0  # its share is full: shorter requests behind it go first
         if not item.started:
             if not item.ticket.set_running_or_notify_cancel():
                 self._queue.remove(item)  # Future.cancel()ed by its caller before it ran
                 if not item.scavenger:
                     self._production_closed(len(item.requests))
-                return new
+                return new, 0
             item.started = True
             self._inflight.append(item)
+        spent = 0
         while item.pending and len(new) < free:
             if item.long and self._long_running >= self.long_slots:
                 break
             i = item.pending[0]
-            cost = len(item.request(i).prompt_ids) + sum(len(job.request.prompt_ids) for job in new)
-            if budget is not None and (new or not first) and budget < cost:
+            cost = self.engine.prefill_cost(item.request(i).prompt_ids) if budget is not None else 0
+            if budget is not None and (new or not first) and budget < spent + cost:
                 break
+            spent += cost
             item.pending.popleft()
             new.append(self._job(item, i))
         if not item.pending:
             self._queue.remove(item)
         jobs += new
-        return new
+        return new, spent
 
     def _job(self, item: _Item, i: int) -> Job:
         """The engine job of ``item``'s request ``i`` with its bookkeeping (tier counts, preemption)."""
