@@ -50,6 +50,9 @@ def test_production_preempts_a_scavenger_row_which_resumes_to_the_same_tokens(mo
     assert len(prod_result[0].token_ids) == 4
     stats = sched.tier_stats
     assert stats.preemptions == 1 and len(stats.yields_s) == 1 and stats.yields_s[0] < 5.0
+    # the preempted row left at the step boundary before production was admitted: production
+    # started a batch of its own instead of joining (and copying) the scavenger's cache
+    assert engine.stats["joins"] == 0
     # greedy: the joined parts are the uninterrupted generation, token for token
     assert (
         joined.token_ids == reference.token_ids

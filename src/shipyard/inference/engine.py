@@ -514,6 +514,7 @@ class EmbeddedEngine:
             logits_BV = torch.empty(0)
             admitting = True
             while admitting or batch is not None:
+                batch, logits_BV = self._evict(batch, logits_BV)
                 free = self._free_slots(batch)
                 jobs = take(free, batch is None) if admitting and free else []
                 if jobs is None:
@@ -573,17 +574,7 @@ class EmbeddedEngine:
         for b, row in enumerate(batch.rows):
             if row.finish is not None:
                 self._store_prefix(batch, b, row)
-                row.done(
-                    GenerateResult(
-                        row.token_ids,
-                        row.logprobs,
-                        row.versions,
-                        row.finish,
-                        self._routes(row),
-                        row.top,
-                        cached_tokens=row.cached,
-                    )
-                )
+                self._hand_over(row)
         if not keep:
             return None, logits_BV
         if len(keep) < len(batch.rows):
@@ -593,21 +584,64 @@ class EmbeddedEngine:
         self.apply_pending()
         return batch, self._decode_step(batch, tokens_B)
 
+    def _evict(self, batch: _Batch | None, logits_BV: torch.Tensor) -> tuple[_Batch | None, torch.Tensor]:
+        """End the rows whose callers cancelled them (a preempted scavenger row, a client gone) at
+        this step boundary, before anything is admitted: an arrival then never joins, and pays for,
+        a row that leaves anyway. Such a row ends with ``abort`` and the tokens it had (all of them
+        forwarded, so all kept in the prefix cache)."""
+        if batch is None:
+            return None, logits_BV
+        gone = [
+            b for b, row in enumerate(batch.rows) if row.job.cancelled is not None and row.job.cancelled()
+        ]
+        if not gone:
+            return batch, logits_BV
+        for b in gone:
+            row = batch.rows[b]
+            row.finish = "abort"
+            self.stats["aborted"] += 1
+            self._store_prefix(batch, b, row, evicted=True)
+            self._hand_over(row)
+        keep = [b for b in range(len(batch.rows)) if b not in gone]
+        if not keep:
+            return None, torch.empty(0)
+        batch.keep(keep)
+        self.stats["compactions"] += 1
+        return batch, logits_BV.index_select(0, torch.tensor(keep, dtype=torch.long))
+
+    def _hand_over(self, row: _Row) -> None:
+        """Give a finished row's result to its caller."""
+        row.done(
+            GenerateResult(
+                row.token_ids,
+                row.logprobs,
+                row.versions,
+                row.finish,
+                self._routes(row),
+                row.top,
+                cached_tokens=row.cached,
+            )
+        )
+
     def _routes(self, row: _Row) -> dict[str, Any] | None:
         if self.seam is None:
             return None
         return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
-    def _store_prefix(self, batch: _Batch, b: int, row: _Row) -> None:
-        """Keep a finished row's keys/values (prompt and sampled tokens but the last) for reuse."""
+    def _store_prefix(self, batch: _Batch, b: int, row: _Row, evicted: bool = False) -> None:
+        """Keep a finished row's keys/values for reuse. A row that finished sampling has forwarded its
+        prompt and its tokens but the last: all are kept. An ``evicted`` row has forwarded every
+        token; all but the last are kept, so its continuation (prompt and tokens) extends the entry."""
         if self.prefix is None or row.epoch != self._epoch:
             return
-        tokens = row.request.prompt_ids + row.token_ids[:-1]
+        forwarded = row.request.prompt_ids + (row.token_ids if evicted else row.token_ids[:-1])
+        tokens = forwarded[:-1] if evicted else forwarded
         per_token = sum(2 * layer.keys[b, :, 0].nbytes for layer in batch.cache.layers)
         if len(tokens) * per_token > self.prefix.budget_bytes:
             return
         cols_N = batch.attn_BT[b].nonzero().flatten()
-        assert len(cols_N) == len(tokens), "a row's unmasked cache columns are its forwarded tokens"
+        assert len(cols_N) == len(forwarded), "a row's unmasked cache columns are its forwarded tokens"
+        cols_N = cols_N[: len(tokens)]
         keys = [layer.keys[b][:, cols_N] for layer in batch.cache.layers]
         values = [layer.values[b][:, cols_N] for layer in batch.cache.layers]
         self.prefix.put(PrefixEntry(tokens, keys, values))
