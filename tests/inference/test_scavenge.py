@@ -160,3 +160,21 @@ def test_preempted_rows_resume_together_since_their_prefix_is_cached(model_tok) 
     # 4-token budget at one boundary; counted by prompt length they would take three
     assert engine.stats["prefix_hits"] == 3
     assert engine.stats["batches"] == 3 + 1 + 1
+
+
+def test_a_long_scavenger_prompt_is_prefilled_in_pieces_through_the_prefix_cache(model_tok) -> None:
+    prompt = [5 + (7 * k) % 90 for k in range(20)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, logit_bias=NO_EOS)
+    req = GenerateRequest(prompt, params, priority="scavenger")
+    reference = EmbeddedEngine(*model_tok, max_batch=2).generate([req])[0]
+    engine = EmbeddedEngine(*model_tok, max_batch=2, prefix_cache_mb=64)
+    sched = BatchScheduler(engine, reserved_slots=0, scavenge=ScavengeConfig(enabled=True, prefill_tokens=8))
+    try:
+        [result] = sched.generate([req])
+    finally:
+        sched.close(drain_s=1.0)
+    # 20 prompt tokens under an 8-token cap: pieces [:8] and [:16], then the row forwards the last 4
+    assert sched.tier_stats.prefill_chunks == 2 and engine.stats["batches"] == 3
+    assert engine.stats["prefix_hits"] == 2 and engine.stats["prefix_tokens"] == 8 + 16
+    assert result.token_ids == reference.token_ids and result.cached_tokens == 16
+    assert max(abs(a - b) for a, b in zip(result.logprobs, reference.logprobs, strict=True)) < 1e-4

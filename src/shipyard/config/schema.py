@@ -124,9 +124,11 @@ class ScavengeConfig(_Section):
     """How long after the last production request scavenger rows stay at `rows_with_production`
     (production often comes in bursts: this keeps a burst's next request from waiting on them)."""
     prefill_tokens: int = Field(512, ge=1)
-    """Most prompt tokens of scavenger rows prefilled at one step boundary (one row is always let in):
-    a prefill cannot be interrupted, so this bounds how long a production request that arrives during
-    one waits for it."""
+    """Most prompt tokens of scavenger rows prefilled at one step boundary: a prefill cannot be
+    interrupted, so this bounds how long a production request that arrives during one waits for it.
+    Tokens the prefix cache holds do not count (a preempted row resumes by forwarding one); a longer
+    prompt is prefilled in pieces of this size, one per boundary, through the prefix cache (without
+    one, `inference.prefix_cache_mb = 0`, it goes in whole, alone)."""
 
 
 class InferenceConfig(_Section):

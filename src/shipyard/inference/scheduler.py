@@ -30,9 +30,11 @@ the engine is idle, the first arrival waits ``gather_window_s`` for others (stop
   (``mode = "preempt"``): each goes back to the front of the scavenger queue as a continuation (its
   prompt plus the tokens so far; the caller gets one result, the parts joined, exactly as sampled),
   or they run to their end (``mode = "finish"``). Scavenger prompt tokens prefilled at one step boundary
-  are capped at ``prefill_tokens`` (at least one row), since a prefill cannot be interrupted; tokens the
-  engine's prefix cache holds are not counted (a continuation's own keys/values were kept when it was
-  preempted, so it resumes by forwarding one token).
+  are capped at ``prefill_tokens``, since a prefill cannot be interrupted; tokens the engine's prefix
+  cache holds are not counted (a continuation's own keys/values were kept when it was preempted, so it
+  resumes by forwarding one token). A prompt longer than the cap is prefilled in pieces of
+  ``prefill_tokens``, one per step boundary, through the prefix cache (:meth:`BatchScheduler._chunk`;
+  without a prefix cache it goes in whole, alone).
   :attr:`BatchScheduler.tier_stats` counts each tier's generated tokens and the scavenger's
   preemptions and yields (seconds from a production arrival to the last preempted row leaving).
   Limits: a continuation samples with a fresh seed (``seed + tokens so far`` when the request had
@@ -168,6 +170,8 @@ class TierStats:
     scavenger_requests: int = 0
     preemptions: int = 0
     """Scavenger rows preempted (each resumed later as a continuation)."""
+    prefill_chunks: int = 0
+    """Pieces of scavenger prompts prefilled ahead of their rows (each samples one token, discarded)."""
     production_busy_s: float = 0.0
     """Seconds with a production request waiting or running (the rest of the time the server had no
     production work: the idle capacity scavengers may take)."""
@@ -380,6 +384,10 @@ class BatchScheduler:
             cost = self.engine.prefill_cost(item.request(i).prompt_ids) if budget is not None else 0
             if budget is not None and (new or not first) and budget < spent + cost:
                 break
+            if budget is not None and cost > budget and self.engine.prefix is not None:
+                new.append(self._chunk(item.request(i), cost, budget))  # the row stays queued
+                spent += budget
+                break
             spent += cost
             item.pending.popleft()
             new.append(self._job(item, i))
@@ -387,6 +395,16 @@ class BatchScheduler:
             self._queue.remove(item)
         jobs += new
         return new, spent
+
+    def _chunk(self, req: GenerateRequest, cost: int, budget: int) -> Job:
+        """A job that prefills the next ``budget`` uncached tokens of ``req``'s prompt and samples one
+        token (discarded): the engine keeps the keys/values of that piece in its prefix cache, so the
+        row's prompt costs ``budget`` fewer tokens at the next boundary. A long prompt is prefilled
+        this way one piece per step boundary, never holding production up for more than one piece."""
+        cut = len(req.prompt_ids) - cost + budget
+        piece = replace(req, prompt_ids=req.prompt_ids[:cut], params=replace(req.params, max_tokens=1))
+        self.tier_stats.prefill_chunks += 1
+        return Job(piece, lambda _: None)
 
     def _job(self, item: _Item, i: int) -> Job:
         """The engine job of ``item``'s request ``i`` with its bookkeeping (tier counts, preemption)."""
