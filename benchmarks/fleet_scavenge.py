@@ -97,15 +97,17 @@ class Arm:
         """Replay ``arrivals`` (timed from this window's start) with the RL load, if any, already
         running for ``warm_s``; the window lasts ``seconds`` or until its last request is served.
         RL tokens: every token the engine sampled in the window less the production requests'
-        (all of which start and finish inside it), so a row still running at the end counts what
-        it sampled, not nothing."""
+        (all of which start and finish inside it) and the discarded one of each prompt piece, so a
+        row still running at the end counts what it sampled, not nothing."""
         if self.load is not None:
             self.load.start()
             time.sleep(warm_s)
-        t0, gen0 = time.monotonic(), self.eng.stats["generated_tokens"]
+        tiers = self.scheduler.tier_stats  # each prompt piece samples one discarded token
+        t0, gen0, chunks0 = time.monotonic(), self.eng.stats["generated_tokens"], tiers.prefill_chunks
         served = replay(arrivals, self.client.generate, seed)
         time.sleep(max(0.0, t0 + seconds - time.monotonic()))
         wall, gen = time.monotonic() - t0, self.eng.stats["generated_tokens"] - gen0
+        chunks = tiers.prefill_chunks - chunks0
         if self.load is not None:
             self.load.stop()
         self.server.stop()
@@ -114,7 +116,7 @@ class Arm:
             served=[dataclasses.replace(x, sent=x.sent + offset) for x in served],
             start_s=offset,
             wall_s=wall,
-            rl_tokens=gen - sum(x.tokens for x in served),
+            rl_tokens=gen - sum(x.tokens for x in served) - chunks,
             busy_s=stats.production_busy_s if stats else None,
             preemptions=stats.preemptions if stats else 0,
             yields_s=list(stats.yields_s) if stats else [],

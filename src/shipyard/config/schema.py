@@ -120,7 +120,7 @@ class ScavengeConfig(_Section):
     """Most scavenger rows in the running batch while production is active (a production request
     running or waiting, or one finished less than `resume_after_s` ago). Each extra row makes every
     decode step, production's included, a little slower."""
-    resume_after_s: float = Field(0.5, ge=0)
+    resume_after_s: float = Field(0.2, ge=0)
     """How long after the last production request scavenger rows stay at `rows_with_production`
     (production often comes in bursts: this keeps a burst's next request from waiting on them)."""
     prefill_tokens: int = Field(512, ge=1)
