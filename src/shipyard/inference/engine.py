@@ -50,12 +50,15 @@ Contract:
   ``benchmarks/mismatch.py``).
 
 Limits: one ``serve``/``generate`` runs at a time (calls from several threads are serialised; the server's
-scheduler is the one caller that batches threads); requests are admitted in arrival order (no priorities, no
-preemption, no prefix sharing); a joined row pads the shorter cache to the longer one, so a long prompt
+scheduler is the one caller that batches threads); requests are admitted in the order ``take`` gives them
+(priorities and preemption are the scheduler's: a row whose ``cancelled`` hook turns true leaves at the next
+step boundary, before admissions); a joined row pads the shorter cache to the longer one, so a long prompt
 admitted next to short rows costs them attention over its padding until it finishes; a model with caches
 other than plain ``DynamicLayer`` (sliding windows) admits only into an empty batch (static batching); stop
 strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
-CPU or single-device models only.
+CPU or single-device models only. The file is long (~800 lines) because the batch's cache layout
+(``_Batch``), admission, prefill and decode all read and write the same padded cache; splitting them means
+a shared batch-state module first (not done yet).
 
 Shape legend: B = rows in the running batch, T = key/value length (padded prompt + generated),
 V = vocabulary size, P = parameters' own shapes.
