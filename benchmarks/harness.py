@@ -115,15 +115,28 @@ def merge_fleet(args: argparse.Namespace, section: str, figures: dict[str, Any],
     tmp.replace(path)
 
 
-def shipyard(args: list[str], log: Path) -> float:
+def shipyard(args: list[str], log: Path, timeout_s: float | None = None) -> float:
     """Run ``shipyard ARGS`` as its own process (in the repository, output to ``log``); returns its
-    minutes, or exits naming the log when it fails."""
+    minutes, or exits naming the log when it fails. With ``timeout_s`` the process is stopped
+    (SIGTERM, then SIGKILL after 30 s) when the time is up, which is not a failure: what it wrote
+    atomically before (checkpoints, published versions, metrics) stays."""
     console.print(f"[bold]shipyard {' '.join(args)}[/]  (log: {log})")
     t0 = time.time()
     with open(log, "w") as f:
-        code = subprocess.call(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "shipyard.cli", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT
         )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            console.print(f"stopped after {timeout_s:.0f} s (its time budget)")
+            code = 0
     if code != 0:
         raise SystemExit(f"shipyard {args[0]} failed with exit code {code}; see {log}")
     minutes = (time.time() - t0) / 60

@@ -18,9 +18,12 @@ fraction of the sessions trained on, read back from the run's stored rollout bat
 ``benchmarks/results/long_run.json`` (``families``: per family n, before, after, diff, ci95_low,
 ci95_high; ``humaneval``; ``hours``; ``steps``; ``curve``) and plots ``docs/long_run.png``.
 ``--reuse`` skips the stages whose outputs exist (a long run interrupted after training, say).
+``--train-minutes`` and ``--total-minutes`` bound the training by time (a lent GPU's session): the
+training process is stopped when its time is up and the newest version it published is evaluated.
 
     python benchmarks/long_run.py            # SmolLM2-135M, configs/long.toml (~2.5 h with evals)
     python benchmarks/long_run.py --quick    # the wiring on the tiny model (~1 min)
+    python benchmarks/long_run.py --config configs/long_gpu.toml --name long_run_gpu --total-minutes 8
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,79 +164,115 @@ def plot(rows: list[dict[str, float]], families: dict[str, dict[str, Any]], path
     harness.console.print(f"wrote {path}")
 
 
+def newest_version(cfg: Any) -> int:
+    """The newest weight version the run published (a run stopped by its time budget ends between
+    steps; its published versions are complete: manifests are written last)."""
+    from shipyard.store.run import open_run
+    from shipyard.weights.versions import published_versions
+
+    versions = published_versions(open_run(cfg.store, cfg.run.name))
+    if not versions or max(versions) == 0:
+        raise SystemExit(f"run {cfg.run.name!r} published no trained version; see its train log")
+    return max(versions)
+
+
+def train_budget_s(args: Any, minutes: dict[str, float]) -> float | None:
+    """Seconds the training may run: ``--train-minutes``, and within ``--total-minutes`` what is
+    left once the evaluation after it is counted (as long as the one before, plus a fifth)."""
+    budgets = [args.train_minutes * 60] if args.train_minutes else []
+    if args.total_minutes:
+        left = args.total_minutes * 60 - (time.time() - args.started)
+        budgets.append(max(60.0, left - 1.2 * 60 * minutes.get("eval_before", 0.0) - 30))
+    return min(budgets) if budgets else None
+
+
+def run_stages(args: Any, config: str, overrides: list[str], cfg: Any, logs: Path) -> tuple[dict, int]:
+    """Evaluate before, train (for ``--train-minutes`` at most), evaluate the version trained last."""
+    results = Path(cfg.run.results_dir)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    minutes: dict[str, float] = {}
+    before = ["eval", config, *overrides, f"inference.threads={args.eval_threads}"]
+    if not (args.reuse and (results / "eval_long_before.json").is_file()):
+        minutes["eval_before"] = harness.shipyard(
+            [*before, "eval.label=long_before"], logs / "eval_before.log"
+        )
+    if not (args.reuse and (run_dir / "summary.json").is_file()):
+        minutes["train"] = harness.shipyard(
+            ["train", config, *overrides], logs / "train.log", train_budget_s(args, minutes)
+        )
+    version = cfg.trainer.steps if (run_dir / "summary.json").is_file() else newest_version(cfg)
+    if not (args.reuse and (results / "eval_long_after.json").is_file()):
+        after = [*before, "eval.label=long_after", f"eval.version={version}"]
+        minutes["eval_after"] = harness.shipyard(after, logs / "eval_after.log")
+    return minutes, version
+
+
 def main() -> int:
     p = harness.parser(__doc__)
     p.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted overrides")
     p.add_argument("--reuse", action="store_true", help="skip the stages whose outputs exist")
+    p.add_argument("--config", default="configs/long.toml", help="the run's config (configs/long_gpu.toml)")
+    p.add_argument("--name", default="long_run", help="results file benchmarks/results/<name>.json")
+    p.add_argument("--train-minutes", type=float, default=None, help="stop training after this long")
+    p.add_argument(
+        "--total-minutes",
+        type=float,
+        default=None,
+        help="the whole script's time: training gets what is left",
+    )
+    p.add_argument("--logs", type=Path, default=None, help="the stages' logs (default /tmp/<name>)")
+    p.add_argument("--eval-threads", type=int, default=2, help="inference.threads of the evaluations")
     args = p.parse_args()
+    args.started = time.time()
     os.chdir(ROOT)  # the config's relative paths (runs/, the store) are the repository's
-    name = "long-run-quick" if args.quick else "long-run"
-    results = ROOT / "runs" / name / "eval"
+    name = args.name.replace("_", "-") + ("-quick" if args.quick else "")
     overrides = [
         f"run.name={name}",
-        f'run.results_dir="{results}"',
+        f'run.results_dir="{ROOT / "runs" / name / "eval"}"',
         *(QUICK if args.quick else []),
         *args.overrides,
     ]
-    config = str(ROOT / "configs" / "long.toml")
+    config = str(ROOT / args.config)
     cfg = load_config(config, overrides)
-    run_dir = Path(cfg.run.output_dir) / name
-    logs = Path("/tmp") / name
+    logs = args.logs or Path("/tmp") / name
     logs.mkdir(parents=True, exist_ok=True)
-    minutes: dict[str, float] = {}
-    stages = [
-        (
-            "eval_before",
-            ["eval", config, *overrides, "inference.threads=2", "eval.label=long_before"],
-            results / "eval_long_before.json",
-        ),
-        ("train", ["train", config, *overrides], run_dir / "summary.json"),
-        (
-            "eval_after",
-            [
-                "eval",
-                config,
-                *overrides,
-                "inference.threads=2",
-                "eval.label=long_after",
-                f"eval.version={cfg.trainer.steps}",
-            ],
-            results / "eval_long_after.json",
-        ),
-    ]
-    for stage, cmd, output in stages:
-        if not (args.reuse and output.is_file()):
-            minutes[stage] = harness.shipyard(cmd, logs / f"{stage}.log")
+    minutes, version = run_stages(args, config, overrides, cfg, logs)
+    report(args, cfg, overrides, minutes, version)
+    return 0
+
+
+def report(args: Any, cfg: Any, overrides: list[str], minutes: dict[str, float], version: int) -> None:
+    """Per family and HumanEval before -> after, the learning curve, the plot and the results JSON."""
+    results = Path(cfg.run.results_dir)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
     before = json.loads((results / "eval_long_before.json").read_text())
     after = json.loads((results / "eval_long_after.json").read_text())
     families = {s: compare(before[s], after[s]) for s in ("heldout", "db", "repo") if s in before}
     families = {("function" if s == "heldout" else s): v for s, v in families.items()}
     families |= by_difficulty(cfg, before["heldout"], after["heldout"])
-    humaneval = compare(before["humaneval"], after["humaneval"])
-    rows_ = {**families, "humaneval": humaneval}
+    humaneval = compare(before["humaneval"], after["humaneval"]) if "humaneval" in before else None
+    rows_ = {**families, **({"humaneval": humaneval} if humaneval else {})}
     harness.table(
-        f"{name}: held-out pass@1 and mean reward, before -> after",
+        f"{cfg.run.name}: held-out pass@1 and mean reward, before -> after",
         {f: {c: v for c, v in r.items() if not isinstance(v, list)} for f, r in rows_.items()},
     )
     rows = curve(cfg, run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    plot(
-        rows,
-        {**families, "humaneval": humaneval},
-        ROOT / "docs" / "long_run.png" if not args.quick else logs / "long_run.png",
-    )
+    plot_to = ROOT / "docs" / f"{args.name}.png" if not args.quick else Path("/tmp") / f"{args.name}.png"
+    plot(rows, rows_, plot_to)
+    summary = run_dir / "summary.json"
     figures = {
-        "config": "configs/long.toml",
+        "config": args.config,
         "overrides": overrides,
         "families": families,
         "humaneval": humaneval,
-        "steps": cfg.trainer.steps,
-        "hours": summary["minutes"] / 60,  # the training run (the evaluations: stage_minutes)
+        "steps": version,
+        "hours": json.loads(summary.read_text())["minutes"] / 60
+        if summary.is_file()
+        else minutes.get("train", float("nan")) / 60,  # the training run (the evaluations: stage_minutes)
         "stage_minutes": minutes,
         "curve": rows,
     }
-    harness.write_results(args, "long_run", figures)
-    return 0
+    harness.write_results(args, args.name, figures)
 
 
 if __name__ == "__main__":

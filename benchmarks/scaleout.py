@@ -166,7 +166,16 @@ def throughput_rank(ranks: Any, model: dict, threads: int, device: str = "cpu", 
         train_step(scorer, opt, trajs, advs, cfg, tok.pad_token_id, ranks=ranks)
         times.append(time.perf_counter() - t0)
     tokens = sum(lengths) - 3 * len(lengths)
-    return {"tokens_per_s": tokens / statistics.median(times[1:]), "step_s": times, "bf16": bf16}
+    out = {"tokens_per_s": tokens / statistics.median(times[1:]), "step_s": times, "bf16": bf16}
+    if on_gpu:
+        from shipyard.trainer.midtrain import PEAK_BF16_FLOPS, flops_per_token
+
+        name = torch.cuda.get_device_name()
+        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+        per_token = flops_per_token(model, lengths[0])
+        out |= {"flops_per_token": per_token, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+        out["mfu"] = out["tokens_per_s"] * per_token / peak if peak else None
+    return out
 
 
 def multinode(work: Path) -> dict[str, Any]:
@@ -231,7 +240,16 @@ def gpu(args: Any) -> None:
         if args.quick
         else {"source": "hf", "path": str(args.model_dir), "random_init": True}
     )
-    results["trainer_tokens_per_s_gpu_world1"] = _at(1, throughput_rank, model, 8, "cuda")["tokens_per_s"]
+    w1 = _at(1, throughput_rank, model, 8, "cuda")
+    results |= {
+        "trainer_tokens_per_s_gpu_world1": w1["tokens_per_s"],
+        "trainer_mfu_gpu_world1": w1.get("mfu"),
+        "mfu_formula": "tokens/s x (6N + 12 L d T) / dense bf16 peak (H100/H200: 989.4 TFLOP/s)",
+        "step_s": w1["step_s"],
+        "peak_memory_gib": w1.get("peak_memory_gib"),
+        "sequences_per_step": 16,
+        "tokens_per_sequence": 2048,
+    }
     if count >= 2:
         w2 = _at(2, throughput_rank, model, 8, "cuda", device="cuda")
         results["trainer_tokens_per_s_gpu_world2"] = w2["tokens_per_s"]

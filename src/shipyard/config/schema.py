@@ -154,6 +154,11 @@ class InferenceConfig(_Section):
     what they have, `finish_reason` `abort`)."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads for the engine."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the embedded engine computes: `cuda` puts its model, KV cache and prefix cache on the
+    process's current GPU (sampling stays on the CPU, from the last position's logits). Under Ray the
+    `num_servers` servers share one GPU (each asks for 1/num_servers of one), which must be another
+    than the trainer's; on a one-GPU machine use `run.placement = "local"`."""
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     """Precision of the engine's model (its head and routers per `fp32_lm_head`/`fp32_router`).
     `auto`: bf16 where the device has fast bf16 (`shipyard.models.hardware`), fp32 elsewhere. A bf16

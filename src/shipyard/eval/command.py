@@ -90,25 +90,11 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
 
 def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
     """An in-process engine holding ``eval.version`` of the run ``run.name`` (None: the base model)."""
-    import torch
-
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.models.loading import load_model
-    from shipyard.models.precision import engine_precision
+    from shipyard.inference.embedded import build_engine
     from shipyard.store.run import open_run
     from shipyard.weights.snapshot import load_version
 
-    torch.set_num_threads(cfg.inference.threads)
-    model, tok = load_model(cfg.model)
-    precision = engine_precision(model, cfg.inference)
-    engine = EmbeddedEngine(
-        model,
-        tok,
-        max_batch=cfg.inference.max_batch,
-        prefix_cache_mb=cfg.inference.prefix_cache_mb,
-        packed=cfg.inference.packed_linears,
-    )
-    engine.precision = precision
+    engine, tok = build_engine(cfg)
     if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only
         store = open_run(cfg.store, cfg.run.name)
         engine.stage_weights(cfg.eval.version, load_version(store, cfg.eval.version))

@@ -1,8 +1,7 @@
 """The embedded backend: one inference server of a run, the embedded engine, its HTTP server and its
 weight subscriber (`inference.type = "embedded"`, chosen by :mod:`shipyard.inference.base`).
 
-Contract: loads the configured model as version 0 in ``inference.dtype`` (resolved for this
-process's device, :func:`shipyard.models.precision.engine_precision`), serves it on
+Contract: loads the configured model as version 0 on ``inference.device`` in ``inference.dtype`` (resolved for that device, :func:`shipyard.models.precision.engine_precision`), serves it on
 ``inference.host`` (port given or free), and follows the run's store (a
 :class:`~shipyard.store.run.RunStore` view): each new version is fetched, verified and applied
 between decode steps; ``weights.follow_url`` adds the push feed. ``stop()`` ends the subscriber,
@@ -17,31 +16,43 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.store.types import Store
 
 
+def build_engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
+    """The configured model as version 0 in an :class:`~shipyard.inference.engine.EmbeddedEngine`
+    on ``inference.device`` in ``inference.dtype``, and its tokenizer (a server's and an
+    evaluation's engine alike)."""
+    import torch
+
+    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.models.loading import load_model
+    from shipyard.models.precision import engine_precision
+
+    torch.set_num_threads(cfg.inference.threads)
+    if cfg.inference.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("inference.device = 'cuda', but torch sees no CUDA device here; use 'cpu'")
+    model, tokenizer = load_model(cfg.model)
+    model = model.to(cfg.inference.device)
+    precision = engine_precision(model, cfg.inference)
+    engine = EmbeddedEngine(
+        model,
+        tokenizer,
+        max_batch=cfg.inference.max_batch,
+        version=0,
+        deterministic=cfg.inference.deterministic,
+        prefix_cache_mb=cfg.inference.prefix_cache_mb,
+        packed=cfg.inference.packed_linears,
+    )
+    engine.precision = precision
+    return engine, tokenizer
+
+
 class EmbeddedNode:
     """One inference server: embedded engine + HTTP server + weight subscriber."""
 
     def __init__(self, cfg: ShipyardConfig, store: Store, port: int = 0) -> None:
-        import torch
-
-        from shipyard.inference.engine import EmbeddedEngine
         from shipyard.inference.server import InferenceServer
-        from shipyard.models.loading import load_model
-        from shipyard.models.precision import engine_precision
         from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
-        torch.set_num_threads(cfg.inference.threads)
-        model, self.tokenizer = load_model(cfg.model)
-        precision = engine_precision(model, cfg.inference)
-        self.engine = EmbeddedEngine(
-            model,
-            self.tokenizer,
-            max_batch=cfg.inference.max_batch,
-            version=0,
-            deterministic=cfg.inference.deterministic,
-            prefix_cache_mb=cfg.inference.prefix_cache_mb,
-            packed=cfg.inference.packed_linears,
-        )
-        self.engine.precision = precision
+        self.engine, self.tokenizer = build_engine(cfg)
         inf = cfg.inference
         self.server = InferenceServer(
             self.engine,

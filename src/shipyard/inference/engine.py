@@ -56,7 +56,8 @@ step boundary, before admissions); a joined row pads the shorter cache to the lo
 admitted next to short rows costs them attention over its padding until it finishes; a model with caches
 other than plain ``DynamicLayer`` (sliding windows) admits only into an empty batch (static batching); stop
 strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
-CPU or single-device models only. The file is long (~800 lines) because the batch's cache layout
+one device (the CPU or one GPU: the model, its KV cache and the prefix cache live there; sampling and
+the rows' masks stay on the CPU). The file is long (~800 lines) because the batch's cache layout
 (``_Batch``), admission, prefill and decode all read and write the same padded cache; splitting them means
 a shared batch-state module first (not done yet).
 
@@ -174,9 +175,9 @@ def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Ten
     if dst is not None and src is not None:
         dst[idx_C.numpy()] = src
     elif target_P.is_contiguous():
-        target_P.view(-1)[idx_C] = values
+        target_P.view(-1)[idx_C.to(target_P.device)] = values
     else:
-        target_P[torch.unravel_index(idx_C, target_P.shape)] = values
+        target_P[torch.unravel_index(idx_C.to(target_P.device), target_P.shape)] = values
 
 
 def _full_attention(cache: DynamicCache) -> bool:
@@ -211,7 +212,7 @@ class _Batch:
         assert keep, "an empty batch is dropped by the caller, never compacted"
         idx = torch.tensor(keep, dtype=torch.long)
         self.rows = [self.rows[i] for i in keep]
-        self.cache.batch_select_indices(idx)
+        self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))
         self.attn_BT = self.attn_BT.index_select(0, idx)
         self.pos_B = self.pos_B.index_select(0, idx)
         self.temps_B = self.temps_B.index_select(0, idx)
@@ -756,7 +757,7 @@ class EmbeddedEngine:
     def _take_routes(self, rows: int, width: int) -> torch.Tensor:
         """The experts the last forward used, ``[B, T, L, K]`` int16, and clear the seam's record."""
         assert self.seam is not None and all(r is not None for r in self.seam.recorded)
-        used = torch.stack([r for r in self.seam.recorded if r is not None], dim=1)
+        used = torch.stack([r for r in self.seam.recorded if r is not None], dim=1).cpu()
         self.seam.recorded = [None] * len(self.seam.recorded)
         return used.reshape(rows, width, len(self.seam.layers), self.seam.top_k)
 

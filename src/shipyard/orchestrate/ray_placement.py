@@ -168,7 +168,9 @@ class RayPlacement:
         self._trainer_refs: list[Any] = []
 
     def start_inference(self) -> list[str]:
-        actor = self.ray.remote(num_cpus=self.cfg.inference.threads, max_concurrency=4)(_InferenceActor)
+        inf = self.cfg.inference
+        gpus = 1.0 / inf.num_servers if inf.device == "cuda" else 0  # the servers share one GPU
+        actor = self.ray.remote(num_cpus=inf.threads, num_gpus=gpus, max_concurrency=4)(_InferenceActor)
         self.servers = [actor.remote(self.cfg) for _ in range(self.cfg.inference.num_servers)]
         return self.ray.get([s.url.remote() for s in self.servers])
 

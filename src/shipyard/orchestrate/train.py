@@ -87,8 +87,8 @@ def _print_precision(cfg: ShipyardConfig) -> None:
     the choices are recorded in ``summary.json``)."""
     from shipyard.models.hardware import resolve_bf16, resolve_dtype
 
-    _, trainer = resolve_bf16(cfg.trainer.bf16_decoder, "cpu", "trainer.bf16_decoder")
-    _, engine = resolve_dtype(cfg.inference.dtype, "cpu", "inference.dtype")
+    _, trainer = resolve_bf16(cfg.trainer.bf16_decoder, cfg.trainer.device, "trainer.bf16_decoder")
+    _, engine = resolve_dtype(cfg.inference.dtype, cfg.inference.device, "inference.dtype")
     console.print(f"precision: {trainer}\nprecision: {engine}", soft_wrap=True)
 
 

@@ -311,14 +311,15 @@ def make_publisher(cfg: ShipyardConfig, store: Store, with_feed: bool = True) ->
 
 def published_dtype(cfg: ShipyardConfig) -> Any:
     """``weights.dtype`` as a torch dtype: None = the trainer's own; ``auto`` = ``inference.dtype`` as
-    it resolves on this host (a CPU engine without bf16 units gets fp32 versions, one with them bf16)."""
+    it resolves for ``inference.device`` on this host (a CPU engine without bf16 units gets fp32
+    versions, one with them or a GPU engine bf16)."""
     import torch
 
     from shipyard.models.hardware import resolve_dtype
 
     w = cfg.weights
     if w.dtype == "auto":
-        return resolve_dtype(cfg.inference.dtype, "cpu", "inference.dtype")[0]
+        return resolve_dtype(cfg.inference.dtype, cfg.inference.device, "inference.dtype")[0]
     return getattr(torch, w.dtype) if w.dtype else None
 
 

@@ -187,12 +187,13 @@ class WeightSubscriber:
 
     @staticmethod
     def _new_staging(live: Mapping[str, Any], hint: Any) -> dict[str, Any]:
-        """A copy of the live weights in the published dtypes (a bf16 store may feed an fp32
-        engine: decoding runs on the published bits, the engine converts when it applies)."""
+        """A host copy of the live weights in the published dtypes (a bf16 store may feed an fp32
+        engine: decoding runs on the published bits, the engine converts when it applies; the codec
+        decodes in place into CPU tensors, so a GPU engine's staging is on the CPU too)."""
         import torch
 
         dtypes = {k: getattr(torch, t.dtype) for k, t in hint.tensors.items()} if hint is not None else {}
-        return {k: t.detach().to(dtypes.get(k, t.dtype), copy=True) for k, t in live.items()}
+        return {k: t.detach().to("cpu", dtypes.get(k, t.dtype), copy=True) for k, t in live.items()}
 
     def _renew(self, version: int) -> None:
         write_record(self.store, self.name, version, self.lease_ttl_s)
