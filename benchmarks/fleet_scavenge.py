@@ -59,6 +59,7 @@ from shipyard.config.schema import ScavengeConfig
 from shipyard.fleet.trace import Arrival, DiurnalTrace, ScavengerLoad, Served, replay
 
 ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("prefill_s", "prefix_prefill_s", "decode_s")
 PLOT = ROOT / "docs" / "fleet_scavenge.png"
 
 
@@ -103,23 +104,27 @@ class Arm:
             self.load.start()
             time.sleep(warm_s)
         tiers = self.scheduler.tier_stats  # each prompt piece samples one discarded token
-        t0, gen0, chunks0 = time.monotonic(), self.eng.stats["generated_tokens"], tiers.prefill_chunks
+        t0, eng0, tiers0 = time.monotonic(), dict(self.eng.stats), tiers.as_dict()
         served = replay(arrivals, self.client.generate, seed)
         time.sleep(max(0.0, t0 + seconds - time.monotonic()))
-        wall, gen = time.monotonic() - t0, self.eng.stats["generated_tokens"] - gen0
-        chunks = tiers.prefill_chunks - chunks0
+        wall = time.monotonic() - t0
+        eng = {k: v - eng0[k] for k, v in self.eng.stats.items()}
+        tier = {k: v - tiers0[k] for k, v in tiers.as_dict().items() if not isinstance(v, list)}
         if self.load is not None:
             self.load.stop()
         self.server.stop()
-        stats = self.scheduler.tier_stats if self.scheduler.scavenge is not None else None
+        on = self.scheduler.scavenge is not None
         return Window(
             served=[dataclasses.replace(x, sent=x.sent + offset) for x in served],
             start_s=offset,
             wall_s=wall,
-            rl_tokens=gen - sum(x.tokens for x in served) - chunks,
-            busy_s=stats.production_busy_s if stats else None,
-            preemptions=stats.preemptions if stats else 0,
-            yields_s=list(stats.yields_s) if stats else [],
+            rl_tokens=int(eng["generated_tokens"])
+            - sum(x.tokens for x in served)
+            - int(tier["prefill_chunks"]),
+            busy_s=tiers.production_busy_s if on else None,
+            preemptions=tiers.preemptions if on else 0,
+            yields_s=list(tiers.yields_s) if on else [],
+            phases_s={k: eng[k] for k in PHASES} | {k: tier[k] for k in ("resume_wait_s", "quiet_periods")},
         )
 
 
@@ -138,6 +143,9 @@ class Window:
     yields_s: list[float]
     capacity: float = 0.0
     """RL tokens/s of the server alone, measured in this window's round."""
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The engine's seconds in cold prefills, prefix-cache prefills and decode steps in the window,
+    and the scheduler's quiet periods and resume waits (where the idle capacity went)."""
 
 
 def windows(trace: DiurnalTrace, window_s: float) -> list[list[Arrival]]:
@@ -198,6 +206,7 @@ def arm_figures(ws: list[Window], base: list[Window] | None, seed: int = 0) -> d
     if rl:
         harvested = sorted(pooled(ws, ref, p)[1] for p in picks)
         fig["idle_capacity_harvested_ci95"] = [_q(harvested, 0.025), _q(harvested, 0.975)]
+    fig["idle_lost"] = idle_lost(ws, ref)
     yields = sorted(y for w in ws for y in w.yields_s)
     if any(w.busy_s is not None for w in ws) and rl:
         fig["preemptions"] = sum(w.preemptions for w in ws)
@@ -205,6 +214,20 @@ def arm_figures(ws: list[Window], base: list[Window] | None, seed: int = 0) -> d
         fig["rl_yield_p50_s"] = _q(yields, 0.5)
         fig["rl_yield_p99_s"] = _q(yields, 0.99)
     return fig
+
+
+def idle_lost(ws: list[Window], ref: list[Window]) -> dict[str, float]:
+    """Where the idle capacity went: ``lost_s`` = idle seconds less the seconds the RL tokens would
+    take at the round's capacity; of it, ``resume_wait_s`` (idle before scavenger rows came back)
+    and ``prefix_prefill_s`` (resumed rows' prefills from the cache: a single-turn RL load has no other
+    prefix hits); engine phase seconds summed over the windows; ``quiet_periods``."""
+    lost = sum(
+        idle_s(w, r) - (w.rl_tokens / w.capacity if w.capacity else 0.0) for w, r in zip(ws, ref, strict=True)
+    )
+    out = {"lost_s": lost, "idle_s": sum(idle_s(w, r) for w, r in zip(ws, ref, strict=True))}
+    for k in (*PHASES, "resume_wait_s", "quiet_periods"):
+        out[k] = sum(w.phases_s.get(k, 0.0) for w in ws)
+    return out
 
 
 def _q(xs: list[float], q: float) -> float:
@@ -336,7 +359,11 @@ def main() -> None:
     harness.table(
         f"production first, RL in the idle capacity (capacity {min(capacities):.0f}-{max(capacities):.0f} "
         "RL tokens/s across rounds)",
-        {n: {c: v for c, v in a.items() if not isinstance(v, list)} for n, a in arms.items()},
+        {n: {c: v for c, v in a.items() if not isinstance(v, list | dict)} for n, a in arms.items()},
+    )
+    harness.table(
+        "where the idle capacity went (seconds summed over the windows; lost = idle - RL tokens / capacity)",
+        {n: a["idle_lost"] for n, a in arms.items() if a.get("rl_tokens")},
     )
     plot(trace, outs, PLOT if not args.quick else args.out / "fleet_scavenge_quick.png")
     default = f"tiers_k{ScavengeConfig().rows_with_production}"

@@ -61,6 +61,9 @@ def test_production_preempts_a_scavenger_row_which_resumes_to_the_same_tokens(mo
     assert len(joined.logprobs) == len(joined.versions) == 120
     assert max(abs(a - b) for a, b in zip(joined.logprobs, reference.logprobs, strict=True)) < 1e-4
     assert stats.production_tokens == 4 and stats.scavenger_requests == 1
+    # one quiet period after production; the row came back no sooner than resume_after_s
+    assert stats.quiet_periods == 1 and 0.2 <= stats.resume_wait_s < 5.0
+    assert engine.stats["prefix_prefill_s"] > 0 and engine.stats["decode_s"] > engine.stats["prefill_s"] > 0
 
 
 def test_finish_mode_lets_scavenger_rows_end_and_holds_new_ones_back(model_tok) -> None:

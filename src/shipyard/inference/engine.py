@@ -290,7 +290,7 @@ class EmbeddedEngine:
         self.version = version
         self.pauses: list[float] = []
         self.written_elements: list[int] = []
-        self.stats: dict[str, int] = {
+        self.stats: dict[str, float] = {
             "batches": 0,
             "sequences": 0,
             "generated_tokens": 0,
@@ -301,10 +301,16 @@ class EmbeddedEngine:
             "prefix_hits": 0,
             "prefix_tokens": 0,
             "aborted": 0,
+            "prefill_s": 0.0,
+            "prefix_prefill_s": 0.0,
+            "decode_s": 0.0,
         }
         """``batches``: prefills (admissions); ``joins``: admissions into a running batch;
         ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served from the prefix cache;
-        ``aborted``: rows ended early because their caller cancelled them."""
+        ``aborted``: rows ended early because their caller cancelled them; ``prefill_s``,
+        ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the prefix cache
+        (the cache's keys/values stacked into a batch, then the new tokens) and in decode steps (each
+        forward and its logits' copy to the CPU; on a GPU, ending with that copy's synchronisation)."""
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids(model, tokenizer)
@@ -674,6 +680,7 @@ class EmbeddedEngine:
             ids_BT[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attn_BT[b, width - len(prompt) :] = 1
         pos_BT = (attn_BT.cumsum(dim=1) - 1).masked_fill(attn_BT == 0, 0)
+        t0 = time.perf_counter()
         cache = DynamicCache(config=self.model.config)
         plan = self._prompt_plan(requests, width)
         with nullcontext() if plan is None or self.seam is None else self.seam.plan(plan, replay=True):
@@ -690,7 +697,9 @@ class EmbeddedEngine:
             for b, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
                 row.routes.append(used_BTLK[b, width - len(prompt) :])
         batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
-        return batch, out.logits[:, -1, :].float().cpu()
+        logits_BV = out.logits[:, -1, :].float().cpu()
+        self.stats["prefill_s"] += time.perf_counter() - t0
+        return batch, logits_BV
 
     def _prefill_from(self, warm: list[tuple[_Row, PrefixEntry]]) -> tuple[_Batch, torch.Tensor]:
         """Prefill rows whose prompts extend cached prefixes, in one forward: only the new tokens.
@@ -698,6 +707,7 @@ class EmbeddedEngine:
         Row b's columns: its cached ``n_b`` positions right-aligned in a width of the longest, then
         its ``m_b`` new tokens right-aligned in a width of the most new ones; the padding between
         is masked (causal attention never reads it), so each row sees exactly its own prefix."""
+        t0 = time.perf_counter()
         n_B = [len(hit.tokens) for _, hit in warm]
         m_B = [len(row.request.prompt_ids) - n for (row, _), n in zip(warm, n_B, strict=True)]
         width_n, width_m = max(n_B), max(m_B)
@@ -727,9 +737,12 @@ class EmbeddedEngine:
         self.stats["prefix_tokens"] += sum(n_B)
         pos_B = torch.tensor([n + m - 1 for n, m in zip(n_B, m_B, strict=True)])
         batch = _Batch([row for row, _ in warm], cache, attn_BT, pos_B)
-        return batch, out.logits[:, -1, :].float().cpu()
+        logits_BV = out.logits[:, -1, :].float().cpu()
+        self.stats["prefix_prefill_s"] += time.perf_counter() - t0
+        return batch, logits_BV
 
     def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         batch.attn_BT = torch.cat([batch.attn_BT, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
         batch.pos_B = batch.pos_B + 1
         mask_BT = batch.mask()
@@ -745,7 +758,9 @@ class EmbeddedEngine:
             used_BTLK = self._take_routes(len(batch.rows), 1)
             for b, row in enumerate(batch.rows):
                 row.routes.append(used_BTLK[b])
-        return out.logits[:, -1, :].float().cpu()
+        logits_BV = out.logits[:, -1, :].float().cpu()
+        self.stats["decode_s"] += time.perf_counter() - t0
+        return logits_BV
 
     def _prompt_plan(self, requests: list[GenerateRequest], width: int) -> torch.Tensor | None:
         """``[B, width, L, K]`` routes to replay in a left-padded prefill (-1: route freely); None if none."""

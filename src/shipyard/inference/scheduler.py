@@ -175,6 +175,13 @@ class TierStats:
     production_busy_s: float = 0.0
     """Seconds with a production request waiting or running (the rest of the time the server had no
     production work: the idle capacity scavengers may take)."""
+    quiet_periods: int = 0
+    """Times the last production request ended (the server went from busy to idle)."""
+    resume_wait_s: float = 0.0
+    """Idle seconds before a scavenger row was admitted again, summed over quiet periods (the
+    ``resume_after_s`` hold and the wait for a step boundary; a quiet period that ended before any
+    scavenger came back counts whole): idle capacity no rollout used. It counts whether or not
+    scavenger work was waiting."""
     yields_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     """Per production arrival that found scavenger rows over their allowance: seconds until the last
     of them left the batch (the newest 10,000)."""
@@ -214,6 +221,8 @@ class BatchScheduler:
         self._production_open = 0
         """Production requests submitted and not yet finished (queued or running)."""
         self._busy_since = 0.0
+        self._quiet_since: float | None = None
+        """When the last production request ended, until a scavenger row or production comes back."""
         self._production_seen = float("-inf")
         """When production was last running or waiting (monotonic seconds)."""
         self._scavengers: list[_Running] = []
@@ -403,6 +412,7 @@ class BatchScheduler:
         this way one piece per step boundary, never holding production up for more than one piece."""
         cut = len(req.prompt_ids) - cost + budget
         piece = replace(req, prompt_ids=req.prompt_ids[:cut], params=replace(req.params, max_tokens=1))
+        self._end_quiet()
         self.tier_stats.prefill_chunks += 1
         return Job(piece, lambda _: None)
 
@@ -413,6 +423,7 @@ class BatchScheduler:
             self._production_running += 1
             return item.job(i, partial(self._release, item, i, None), lambda: False)
         running = _Running()
+        self._end_quiet()
         self._scavengers.append(running)
         return item.job(i, partial(self._release, item, i, running), lambda: running.preempted)
 
@@ -433,7 +444,14 @@ class BatchScheduler:
     def _production_opened(self, n: int) -> None:
         if self._production_open == 0:
             self._busy_since = time.monotonic()
+            self._end_quiet()
         self._production_open += n
+
+    def _end_quiet(self) -> None:
+        """A scavenger row or production came back after a quiet period: count the wait."""
+        if self._quiet_since is not None:
+            self.tier_stats.resume_wait_s += time.monotonic() - self._quiet_since
+            self._quiet_since = None
 
     def _production_closed(self, n: int) -> None:
         """``n`` production requests finished, failed or were dropped (tiers on only)."""
@@ -441,7 +459,9 @@ class BatchScheduler:
             return
         self._production_open -= n
         if self._production_open == 0:
-            self.tier_stats.production_busy_s += time.monotonic() - self._busy_since
+            self._quiet_since = time.monotonic()
+            self.tier_stats.production_busy_s += self._quiet_since - self._busy_since
+            self.tier_stats.quiet_periods += 1
 
     def _preempt_excess(self) -> None:
         """Production arrived: the scavenger rows over the allowance (newest first) must give their
