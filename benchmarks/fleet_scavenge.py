@@ -17,11 +17,15 @@ requests always in flight (300-token prompts, 128 tokens each: what rollout work
 Interleaved, because this 2-core VM's speed drifts as much as the effect measured (arms run one
 after another differed by +-0.2 in p99 ratio from drift alone): the trace is cut into windows of
 ``--window`` seconds, and round k first measures the server's RL throughput alone (``capacity``,
-10 s) then replays window k on every arm, in an order rotated each round (the RL load warmed up
+over a window's length, ``--capacity-s``) then replays window k on every arm, in an order rotated each round (the RL load warmed up
 5 s before the window's production starts; a window lasts until its last request is served). Each
 arm starts with the engine's prefix cache empty: the arms replay the same production and RL prompts,
 so an arm run after another would otherwise prefill them from the cache (before 2026-11-27 it did,
-which favoured whichever arm ran later in a round by 1-2 s of production latency).
+which favoured whichever arm ran later in a round by 1-2 s of production latency). The capacity is
+the sustained rate, with the RL requests' turnover (each finished request is replaced by a fresh
+one whose 300-token prompt is prefilled), as in the arms' idle time. Until 2026-11-27 it was measured
+over 10 s, in which the 16 requests started together for the measurement rarely finish: a decode
+rate with almost no prefills, above the sustained rate (each round's prefill share is in the JSON).
 
 Per arm: production latency p50/p90/p99 (send to result), ``production_p99_ratio`` (arm p99 /
 production_only p99), RL tokens generated during the trace, and two shares of what production left:
@@ -143,6 +147,8 @@ class Window:
     yields_s: list[float]
     capacity: float = 0.0
     """RL tokens/s of the server alone, measured in this window's round."""
+    capacity_prefill_share: float = 0.0
+    """The share of the capacity measurement's engine time spent in prefills (RL requests' turnover)."""
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """The engine's seconds in cold prefills, prefix-cache prefills and decode steps in the window,
     and the scheduler's quiet periods and resume waits (where the idle capacity went)."""
@@ -298,12 +304,14 @@ def run_arms(args: Any, eng: Any, trace: DiurnalTrace) -> dict[str, list[Window]
     for k, arrivals in enumerate(track(parts, "rounds", console=harness.console)):
         cap = Arm(eng, ScavengeConfig(enabled=True), rl=True).run([], args.capacity_s, args.warm_s, 0.0, 0)
         capacity = cap.rl_tokens / cap.wall_s
+        busy = sum(cap.phases_s[phase] for phase in PHASES)
+        prefill_share = (busy - cap.phases_s["decode_s"]) / busy if busy else 0.0
         for name in names[k % len(names) :] + names[: k % len(names)]:
             scavenge, rl = settings[name]
             w = Arm(eng, scavenge, rl).run(
                 arrivals, args.window, args.warm_s, k * args.window, trace.seed * 1000 + k
             )
-            w.capacity = capacity
+            w.capacity, w.capacity_prefill_share = capacity, prefill_share
             out[name].append(w)
         harness.console.print(f"round {k + 1}/{len(parts)}: capacity {capacity:.0f} RL tokens/s")
     return out
@@ -319,6 +327,12 @@ def main() -> None:
         "--rows", type=int, nargs="+", default=None, help="rows_with_production per tiers arm (0 4)"
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    ap.add_argument(
+        "--capacity-s",
+        type=float,
+        default=None,
+        help="seconds of each round's capacity measurement (a window's)",
+    )
     ap.add_argument(
         "--window", type=float, default=None, help="seconds of trace per arm per round (30; quick 6)"
     )
@@ -339,9 +353,9 @@ def main() -> None:
     args = ap.parse_args()
     args.rows = args.rows or ([0] if args.quick else [0, 4])
     args.resume_after = args.resume_after or [ScavengeConfig().resume_after_s]
-    args.capacity_s = 3.0 if args.quick else 10.0
     args.warm_s = 1.0 if args.quick else 5.0
     args.window = args.window or (6.0 if args.quick else 30.0)
+    args.capacity_s = args.capacity_s or args.window
     trace = DiurnalTrace(
         period_s=args.period or (12.0 if args.quick else 120.0),
         periods=args.periods or (1 if args.quick else 2),
@@ -374,12 +388,14 @@ def main() -> None:
             "window_s": args.window,
             "rounds": len(base),
             "capacity_s_per_round": args.capacity_s,
+            "capacity_note": "sustained RL rate over a window's length, with request turnover (before 2026-11-27: 10 s)",
             "warm_s": args.warm_s,
             "note": "arms interleaved window by window, order rotated each round; intervals: "
             "95% bootstrap over windows",
         },
         "capacity_rl_tok_s": statistics.fmean(capacities),
         "capacity_rl_tok_s_per_round": capacities,
+        "capacity_prefill_share_per_round": [w.capacity_prefill_share for w in base],
         "server": {"threads": args.threads, "max_batch": 16, "quick_model": args.quick},
         "arms": arms,
         "headline_arm": default if default in arms else f"tiers_k{args.rows[0]}",

@@ -390,11 +390,12 @@ class BatchScheduler:
             if item.long and self._long_running >= self.long_slots:
                 break
             i = item.pending[0]
-            cost = self.engine.prefill_cost(item.request(i).prompt_ids) if budget is not None else 0
+            req = item.request(i) if budget is not None else None
+            cost = self.engine.prefill_cost(req.prompt_ids) if req is not None else 0
             if budget is not None and (new or not first) and budget < spent + cost:
                 break
-            if budget is not None and cost > budget and self.engine.prefix is not None:
-                new.append(self._chunk(item.request(i), cost, budget))  # the row stays queued
+            if req is not None and budget is not None and cost > budget and self.engine.prefix is not None:
+                new.append(self._chunk(req, cost, budget))  # the row stays queued
                 spent += budget
                 break
             spent += cost
