@@ -1,8 +1,9 @@
 """The embedded backend: one inference server of a run, the embedded engine, its HTTP server and its
 weight subscriber (`inference.type = "embedded"`, chosen by :mod:`shipyard.inference.base`).
 
-Contract: loads the configured model as version 0 on ``inference.device`` in ``inference.dtype`` (resolved for that device, :func:`shipyard.models.precision.engine_precision`), serves it on
-``inference.host`` (port given or free), and follows the run's store (a
+Contract: loads the configured model as version 0 on ``inference.device`` in ``inference.dtype``
+(resolved for that device, :func:`shipyard.models.precision.engine_precision`; :func:`build_engine`,
+which evaluations use too), serves it on ``inference.host`` (port given or free), and follows the run's store (a
 :class:`~shipyard.store.run.RunStore` view): each new version is fetched, verified and applied
 between decode steps; ``weights.follow_url`` adds the push feed. ``stop()`` ends the subscriber,
 then the server.

@@ -245,6 +245,19 @@ class _Batch:
         return None if bool(self.attn_BT.all()) else self.attn_BT
 
 
+def _new_stats() -> dict[str, float]:
+    """The engine's counters, all zero. ``batches``: prefills (admissions); ``joins``: admissions
+    into a running batch; ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served
+    from the prefix cache; ``aborted``: rows ended early because their caller cancelled them;
+    ``prefill_s``, ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the
+    prefix cache (the cache's keys/values stacked into a batch, then the new tokens) and in decode
+    steps (each forward and its logits' copy to the CPU; on a GPU, ending with that copy's
+    synchronisation)."""
+    counts = ("batches", "sequences", "generated_tokens", "decode_steps", "largest_batch", "compactions")
+    counts += ("joins", "prefix_hits", "prefix_tokens", "aborted")
+    return {**dict.fromkeys(counts, 0), "prefill_s": 0.0, "prefix_prefill_s": 0.0, "decode_s": 0.0}
+
+
 def _bulk_dtype(model: Any) -> str:
     """The dtype of most of ``model``'s parameter tensors (an fp32 head on a bf16 decoder is "bfloat16")."""
     counts: dict[str, int] = {}
@@ -290,27 +303,7 @@ class EmbeddedEngine:
         self.version = version
         self.pauses: list[float] = []
         self.written_elements: list[int] = []
-        self.stats: dict[str, float] = {
-            "batches": 0,
-            "sequences": 0,
-            "generated_tokens": 0,
-            "decode_steps": 0,
-            "largest_batch": 0,
-            "compactions": 0,
-            "joins": 0,
-            "prefix_hits": 0,
-            "prefix_tokens": 0,
-            "aborted": 0,
-            "prefill_s": 0.0,
-            "prefix_prefill_s": 0.0,
-            "decode_s": 0.0,
-        }
-        """``batches``: prefills (admissions); ``joins``: admissions into a running batch;
-        ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served from the prefix cache;
-        ``aborted``: rows ended early because their caller cancelled them; ``prefill_s``,
-        ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the prefix cache
-        (the cache's keys/values stacked into a batch, then the new tokens) and in decode steps (each
-        forward and its logits' copy to the CPU; on a GPU, ending with that copy's synchronisation)."""
+        self.stats = _new_stats()
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids(model, tokenizer)

@@ -390,15 +390,16 @@ class BatchScheduler:
             if item.long and self._long_running >= self.long_slots:
                 break
             i = item.pending[0]
-            req = item.request(i) if budget is not None else None
-            cost = self.engine.prefill_cost(req.prompt_ids) if req is not None else 0
-            if budget is not None and (new or not first) and budget < spent + cost:
-                break
-            if req is not None and budget is not None and cost > budget and self.engine.prefix is not None:
-                new.append(self._chunk(req, cost, budget))  # the row stays queued
-                spent += budget
-                break
-            spent += cost
+            if budget is not None:  # a scavenger row: its uncached prompt tokens count
+                req = item.request(i)
+                cost = self.engine.prefill_cost(req.prompt_ids)
+                if (new or not first) and budget < spent + cost:
+                    break
+                if cost > budget and self.engine.prefix is not None:
+                    new.append(self._chunk(req, cost, budget))  # the row stays queued
+                    spent += budget
+                    break
+                spent += cost
             item.pending.popleft()
             new.append(self._job(item, i))
         if not item.pending:
