@@ -83,7 +83,8 @@ def test_rank_split_balances_tokens_and_pads_micro_batches() -> None:
     assert sorted(i for s in split for i in s) == list(range(5))
     loads = [sum(len(trajs[i].token_ids) for i in s) for s in split]
     assert abs(loads[0] - loads[1]) <= 31  # greedy longest-first: within the longest sequence
-    assert rank_split(trajs, 1) == [list(range(5))]
+    lengths = [len(t.token_ids) for t in trajs]
+    assert rank_split(trajs, 1) == [sorted(range(5), key=lambda i: (-lengths[i], i))]  # longest first
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])

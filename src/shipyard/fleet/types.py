@@ -73,10 +73,12 @@ class TrainerProfile:
         return self.step_base_s + self.per_token_s * tokens
 
     def cost_tokens(self, lengths: list[int]) -> int:
-        """Tokens a step forwards for sequences of ``lengths`` in training order."""
+        """Tokens a step forwards for sequences of ``lengths``, padded per micro-batch in the
+        trainer's order (longest first: :func:`shipyard.trainer.distributed.rank_split`)."""
         if not self.micro_batch:
             return sum(lengths)
         mb = self.micro_batch
+        lengths = sorted(lengths, reverse=True)
         return sum(len(lengths[i : i + mb]) * max(lengths[i : i + mb]) for i in range(0, len(lengths), mb))
 
 

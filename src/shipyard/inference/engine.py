@@ -88,6 +88,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from shipyard.inference.attention import use_packed_decode
 from shipyard.inference.packed import can_pack, pack_linears
 from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.sampling import adjust_logits, sample_tokens, top_logprobs
@@ -285,6 +286,9 @@ class EmbeddedEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model.eval()
+        self.device = next(model.parameters()).device
+        if self.device.type == "cpu":
+            use_packed_decode(model)  # decode steps 1.4-2.8x faster on CPUs (inference.attention)
         self.packed = pack_linears(model) if packed and can_pack(model) else None
         """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.packed`), repacked after each apply."""
         self.tokenizer = tokenizer
@@ -309,7 +313,6 @@ class EmbeddedEngine:
         self.eos_ids = self._eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad) if pad is not None else 0
-        self.device = next(model.parameters()).device
         self.precision: dict[str, str] = {"dtype": _bulk_dtype(model), "reason": "as given"}
         """The model's dtype and why it was chosen (set by whoever cast the model; served on ``/stats``)."""
         self._targets: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
