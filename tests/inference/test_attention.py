@@ -70,3 +70,11 @@ def test_model_greedy_tokens_unchanged() -> None:
     assert torch.equal(before.sequences, after.sequences)
     diff = max((a - b).abs().max().item() for a, b in zip(before.logits, after.logits, strict=True))
     assert diff < 1e-4
+
+
+def test_softcap_is_refused_as_transformers_refuses_it() -> None:
+    """A decode step with logit soft-capping goes to transformers' SDPA, which refuses it: never
+    silently computed without the cap."""
+    q, k, v = _qkv(1, torch.float32)
+    with pytest.raises(ValueError, match="softcap"):
+        packed_decode_sdpa(_Module(), q, k, v, None, softcap=30.0)

@@ -5,9 +5,10 @@ calls SDPA with ``enable_gqa=True``, which on a CPU is 6-8x slower than the same
 query's heads folded onto their key/value heads (``[B, H, 1, D] -> [B, KV, H/KV, D]``: one small
 attention per KV head). transformers itself packs that way only when a mask is given, and it drops
 the mask of a batch without padding, so a decode step of one row, or of rows of one length, took
-the slow path. SmolLM2-135M, bf16, 1 thread, 480 positions, ms a decode step (transformers' SDPA ->
-this): 12 rows without padding 243 -> 78, one row 57 -> 44, 12 rows with padding about equal (the
-same call). Measured on the project's 2-core AMD EPYC.
+the slow path (``benchmarks/decode_attention.py``: SmolLM2-135M, bf16, 1 thread, 480 positions, ms
+a decode step, transformers' SDPA -> this: 12 rows without padding 252 -> 97, one row 56 -> 44,
+padded rows the same call and time; the project's 2-core AMD EPYC). transformers 5.17 repeats the
+key/value heads instead of packing even with a mask.
 
 Contract: :func:`use_packed_decode` switches a model loaded with ``attn_implementation="sdpa"`` to
 ``"shipyard_sdpa"``: exactly SDPA (transformers' own function, its mask builder) for every query
@@ -44,7 +45,8 @@ def packed_decode_sdpa(
     """transformers' attention-function signature: ``query [B, H, Q, D]``, ``key``/``value
     [B, KV, T, D]``, ``attention_mask`` a boolean ``[B, 1, Q, T]`` or None; returns ``[B, Q, H, D]``."""
     groups = int(getattr(module, "num_key_value_groups", 1))
-    if query.shape[2] != 1 or groups == 1 or dropout or kwargs.get("position_bias") is not None:
+    plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None and not dropout
+    if query.shape[2] != 1 or groups == 1 or not plain:  # transformers' SDPA, or its error
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
