@@ -99,20 +99,9 @@ def main(argv: list[str] | None = None) -> int:
 
         run_eval(cfg)
     elif args.command == "warmstart":
-        from shipyard.orchestrate.warmstart import run_warmstart
-
-        report = run_warmstart(cfg)
-        print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
-        print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
+        _warmstart(cfg)
     elif args.command == "midtrain":
-        from shipyard.orchestrate.midtrain import run_midtrain
-
-        report = run_midtrain(cfg)
-        print(
-            f"midtrain: held-out code loss {report['heldout_code_loss_before']:.4f} -> "
-            f"{report['heldout_code_loss_after']:.4f} after {report['steps']} steps"
-        )
-        print(f"policy: {cfg.midtrain.output_dir}/final (RL starts from it with model.init_from=...)")
+        _midtrain(cfg)
     elif args.command == "trainer":
         from shipyard.orchestrate.standalone import trainer_process
 
@@ -138,6 +127,27 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         serve(cfg)
     return 0
+
+
+def _warmstart(cfg: ShipyardConfig) -> None:
+    """``shipyard warmstart``: supervised fine-tuning on demonstrations, then where the policy is."""
+    from shipyard.orchestrate.warmstart import run_warmstart
+
+    report = run_warmstart(cfg)
+    print(f"warm start: {report['demos_kept']} demonstrations, loss by epoch {report['epoch_loss']}")
+    print(f"policy: {cfg.warmstart.output_dir} (use model.source=hf model.path=...)")
+
+
+def _midtrain(cfg: ShipyardConfig) -> None:
+    """``shipyard midtrain``: packed next-token training, then the held-out loss and the policy."""
+    from shipyard.orchestrate.midtrain import run_midtrain
+
+    report = run_midtrain(cfg)
+    print(
+        f"midtrain: held-out code loss {report['heldout_code_loss_before']:.4f} -> "
+        f"{report['heldout_code_loss_after']:.4f} after {report['steps']} steps"
+    )
+    print(f"policy: {cfg.midtrain.output_dir}/final (RL starts from it with model.init_from=...)")
 
 
 def _region(cfg: ShipyardConfig, args: argparse.Namespace) -> int:
