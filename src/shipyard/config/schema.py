@@ -556,7 +556,13 @@ class TrainerConfig(_Section):
     where the device has fast bf16 (`shipyard.models.hardware`: CUDA with bf16; CPUs with AVX512-BF16 or AMX that oneDNN
     may use), fp32 elsewhere. `true` on a CPU without bf16 units warns: it runs ~10-100x slower."""
     micro_batch: int = Field(4, ge=1)
-    """Sequences per forward/backward micro-batch."""
+    """Most sequences per forward/backward micro-batch."""
+    share_prefix: bool = True
+    """Run the prompt that a micro-batch's sequences share through the decoder once, their own tokens
+    on its keys and values (`shipyard.trainer.logprobs`); a GRPO group's sessions go into the same
+    micro-batches, cut to forward the fewest tokens (`shipyard.trainer.microbatch`). Same update up
+    to float rounding; on the demo's rollouts 42% fewer forwarded tokens. Not with MoE router
+    replay or FSDP activation checkpointing (both then run every row whole)."""
     router_replay: bool = False
     """MoE policies: the trainer's forward uses the experts the sampler chose for every token with a
     recorded route (`Trajectory.routes`), gate weights from its own router; routing disagreement is

@@ -29,8 +29,10 @@ Contract of :func:`train_step`:
   the mismatch metrics of :mod:`shipyard.trainer.mismatch` (k1, k3, their p99s, mean_rho, ess,
   mask_frac, tis_trunc_frac, per-probability-bucket values, ...), grad_norm, num_seqs,
   mean_adv_abs, skipped. No entropy is computed (entropy-free).
+- Micro-batches: :func:`~shipyard.trainer.microbatch.plan_micro_batches` (with ``cfg.share_prefix``
+  a group's sessions go together and their shared prompt runs once).
 Limits: the caller picks the model's train/eval mode (dropout should be 0 so π matches the
-sampler); sequences are micro-batched in the given order (no length bucketing).
+sampler).
 
 Shape legend: B = sequences in a micro-batch, T = padded length.
 """
@@ -48,9 +50,10 @@ from shipyard.config.schema import TrainerConfig
 from shipyard.models.hardware import resolve_bf16
 from shipyard.models.router_replay import RouterSeam, route_plan
 from shipyard.trainer.corrections import correction_weights
-from shipyard.trainer.distributed import ONE_PROCESS, Ranks, merge_rank_metrics, micro_batches, rank_split
+from shipyard.trainer.distributed import ONE_PROCESS, Ranks, merge_rank_metrics
 from shipyard.trainer.logprobs import pad_batch, pad_floats, pad_ints, token_logprobs
 from shipyard.trainer.loss import StepNorm, policy_loss
+from shipyard.trainer.microbatch import plan_micro_batches
 from shipyard.trainer.mismatch import MismatchAccumulator
 from shipyard.trainer.records import token_key
 
@@ -127,12 +130,13 @@ def _micro_batch_loss(
     temperature: float,
     mismatch: MismatchAccumulator,
     seam: RouterSeam | None = None,
+    prefix: int = 0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     device = adv_B.device
     ids_BT, attn_BT = pad_batch([t.token_ids for t in chunk], pad_id, device)
     mask_BT = pad_ints([t.loss_mask for t in chunk], 0, device) == 1
     infer_BT = pad_floats([t.logprobs for t in chunk], 0.0, device)
-    score = dict(score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder)
+    score = dict(score_mask_BT=mask_BT, temperature=temperature, bf16_decoder=cfg.bf16_decoder, prefix=prefix)
     routes = [t.routes for t in chunk]
     if seam is not None and any(r is not None for r in routes):
         with seam.plan(route_plan(routes, ids_BT.shape[1], seam), replay=cfg.router_replay):
@@ -240,7 +244,9 @@ def _accumulate(
     cfg: TrainerConfig = score["cfg"]
     device = next(model.parameters()).device
     sums = {k: torch.zeros((), dtype=torch.float64) for k in ("loss_sum", "clip_count", "kl_sum")}
-    for idx in micro_batches(rank_split(trajectories, ranks.world), ranks.rank, cfg.micro_batch):
+    replay = score["seam"] is not None and any(t.routes is not None for t in trajectories)
+    share = cfg.share_prefix and not replay  # a route plan is per [B, T] row of one forward
+    for idx, prefix in plan_micro_batches(trajectories, ranks.world, ranks.rank, cfg.micro_batch, share):
         filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
         chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
         adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
@@ -257,6 +263,7 @@ def _accumulate(
                 score["temperature"],
                 MismatchAccumulator() if filler else mismatch,
                 None if filler else score["seam"],
+                prefix,
             )
         if needs_grad and loss.requires_grad:
             (loss * 0.0 if filler else loss).backward()
