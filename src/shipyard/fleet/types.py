@@ -74,7 +74,11 @@ class TrainerProfile:
 
     def cost_tokens(self, lengths: list[int]) -> int:
         """Tokens a step forwards for sequences of ``lengths``, padded per micro-batch in the
-        trainer's order (longest first: :func:`shipyard.trainer.distributed.rank_split`)."""
+        trainer's order without prefix sharing (longest first:
+        :func:`shipyard.trainer.distributed.rank_split`; ``trainer.share_prefix = false``). Sessions
+        carry no prompt here, so a trainer that shares its groups' prompts (the default) forwards
+        fewer: on the demo's rollouts 1,768 instead of 3,281 a step (``benchmarks/trainer_prefix.py``);
+        calibrate ``per_token_s`` against the trainer being simulated."""
         if not self.micro_batch:
             return sum(lengths)
         mb = self.micro_batch
