@@ -130,8 +130,13 @@ def _logprob_diffs(a: list[dict[str, list[float]]], b: list[dict[str, list[float
 def summary(rows: dict[str, dict[str, Any]], skip: int) -> dict[str, Any]:
     """Means over the steps after the first ``skip`` (warm-up) and the agreement of the two modes."""
     base, ours, exact = rows["baseline"], rows["shared"], rows["fp32"]
-    mean = lambda xs: sum(xs[skip:]) / len(xs[skip:])  # noqa: E731
-    rel = lambda a, b: max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True))  # noqa: E731
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs[skip:]) / len(xs[skip:])
+
+    def rel(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b, strict=True))
+
     between = _logprob_diffs(base["lp"], ours["lp"])
     err_base, err_ours = _logprob_diffs(exact["lp"], base["lp"]), _logprob_diffs(exact["lp"], ours["lp"])
     return {

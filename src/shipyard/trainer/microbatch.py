@@ -53,8 +53,13 @@ def shared_prefix(seqs: Sequence[Sequence[int]]) -> int:
         return 0
     first = np.asarray(seqs[0])
     common = min(_common_prefix(first, np.asarray(s)) for s in seqs[1:])
-    common = min(common, min(len(s) for s in seqs) - 1)
-    return common if common >= MIN_SHARED_PREFIX else 0
+    return _usable(common, min(len(s) for s in seqs), len(seqs))
+
+
+def _usable(common: int, shortest: int, rows: int) -> int:
+    """The prefix shared for ``rows`` rows with ``common`` equal leading tokens (module doc)."""
+    prefix = min(common, shortest - 1)
+    return prefix if rows > 1 and prefix >= MIN_SHARED_PREFIX else 0
 
 
 def forwarded_tokens(seqs: Sequence[Sequence[int]], share_prefix: bool) -> int:
@@ -72,9 +77,8 @@ def _cut(seqs: list[np.ndarray], micro_batch: int) -> list[tuple[int, int]]:
     for j in range(1, n + 1):
         common = len(seqs[j - 1])
         for i in range(j - 1, max(0, j - micro_batch) - 1, -1):  # the run [i, j), growing leftwards
-            common = min(common, _common_prefix(seqs[i], seqs[j - 1])) if i < j - 1 else common
-            prefix = min(common, len(seqs[j - 1]) - 1) if i < j - 1 else 0
-            prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
+            common = min(common, _common_prefix(seqs[i], seqs[j - 1]))
+            prefix = _usable(common, len(seqs[j - 1]), j - i)
             cost = best[i] + prefix + (j - i) * (len(seqs[i]) - prefix) + CALL_TOKENS
             if best[j] < 0 or cost < best[j]:
                 best[j], start[j] = cost, i
