@@ -19,7 +19,8 @@ import pytest
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.grading.grader import expected_tests, grade
 from shipyard.envs.sandbox import sandbox_available
-from shipyard.envs.tasks.functions import FAMILIES, generated_tasks, split_tasks
+from shipyard.envs.sandbox.bwrap import BwrapSandbox
+from shipyard.envs.tasks.functions import FAMILIES, RUN_VISIBLE, FunctionKind, generated_tasks, split_tasks
 from shipyard.envs.tasks.humaneval import humaneval_tasks
 from shipyard.envs.types import Task
 
@@ -131,6 +132,29 @@ def test_wrong_solution_scores_below_one(tasks: list[Task]) -> None:
     for t in (tasks[0], tasks[1]):
         res = grade(t, {"solution.py": f"def {t.entry_point}(*args):\n    return None\n"}, CFG)
         assert res.reward < 1.0 and res.passed < res.total
+
+
+@needs_sandbox
+def test_visible_run_is_plain_pytest_without_third_party_plugins(tasks: list[Task]) -> None:
+    """After a write the agent reads pytest's own report (a failure names the test and the values
+    compared), and pytest loads none of the plugins installed beside the sandbox's Python."""
+    task = tasks[0]
+    name = task.entry_point
+    wrong = f"def {name}(*args, **kwargs):\n    return 12345\n"
+    probe = "import sys\n\ndef test_no_plugins():\n    assert not {'pytest_timeout', 'anyio'} & set(sys.modules)\n"
+    kind = FunctionKind()
+    with BwrapSandbox({"solution.py": wrong, "test_visible.py": task.visible_tests}) as sb:
+        text, outcome = kind.after_write(task, sb, "solution.py", 2000, end_on_pass=True)
+        assert outcome == ""
+        assert "Visible tests failed" in text
+        assert re.search(
+            r"FAILED test_visible.py::test_example_1 - (AssertionError: )?assert 12345 == ", text
+        ), text
+        sb.write("solution.py", task.reference)
+        assert kind.after_write(task, sb, "solution.py", 2000, end_on_pass=True)[1] == "passed"
+        sb.write("test_visible.py", probe)
+        assert sb.exec(RUN_VISIBLE).returncode == 0
+        assert sb.exec(RUN_VISIBLE.replace("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 ", "")).returncode == 1
 
 
 def test_split_is_disjoint_deterministic_and_stratified(tasks: list[Task]) -> None:

@@ -26,7 +26,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine, _write
+from shipyard.inference.engine import EmbeddedEngine, Job, _write
 from shipyard.inference.sampling import sample_tokens
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
@@ -609,6 +609,58 @@ def test_prefix_hits_admitted_together_prefill_in_one_forward(dense: tuple[Any, 
     for r, f in zip(reused, fresh, strict=True):
         assert r.token_ids == f.token_ids and r.cached_tokens > 0
         assert max(abs(a - b) for a, b in zip(r.logprobs, f.logprobs, strict=True)) < 1e-4
+
+
+def _serve_in_waves(engine: EmbeddedEngine, waves: list[list[GenerateRequest]]) -> list[GenerateResult]:
+    """Serve ``waves`` of requests, one wave admitted per step boundary; results in request order."""
+    numbered = list(enumerate(r for wave in waves for r in wave))
+    pending = [numbered[sum(map(len, waves[:w])) :][: len(wave)] for w, wave in enumerate(waves)]
+    got: dict[int, GenerateResult] = {}
+
+    def take(free: int, idle: bool) -> list[Job] | None:
+        if not pending:
+            return None
+        wave = pending.pop(0)
+        assert len(wave) <= free
+        return [Job(req, lambda res, i=i: got.__setitem__(i, res)) for i, req in wave]
+
+    engine.serve(take)
+    return [got[i] for i in sorted(got)]
+
+
+def _tokens_embedded(model: Any) -> tuple[list[int], Any]:
+    """A running count of the tokens the model embeds (every forward), and the hook's handle."""
+    seen = [0]
+    handle = model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: seen.__setitem__(0, seen[0] + args[0].numel())
+    )
+    return seen, handle
+
+
+def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any]) -> None:
+    """A GRPO group: 5 sessions of one prompt admitted together and 3 more a step later, while the
+    first still run. The prompt is forwarded once; every other row forwards its last token only,
+    and samples what a cold engine samples (tokens equal, logprobs within 1e-4)."""
+    model, tok = dense
+    prompt = [(5 * i) % 190 + 3 for i in range(40)]
+    reqs = [GenerateRequest(prompt, SamplingParams(temperature=1.0, max_tokens=6, seed=i)) for i in range(8)]
+    warm = EmbeddedEngine(copy.deepcopy(model), tok, max_batch=8, prefix_cache_mb=64)
+    cold = EmbeddedEngine(model, tok, max_batch=8)
+    seen_warm, h1 = _tokens_embedded(warm.model)
+    seen_cold, h2 = _tokens_embedded(cold.model)
+    try:
+        got = _serve_in_waves(warm, [reqs[:5], reqs[5:]])
+        want = _serve_in_waves(cold, [reqs[:5], reqs[5:]])
+    finally:
+        h1.remove()
+        h2.remove()
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4
+    assert warm.stats["shared_prompts"] == 4 and warm.stats["prefix_hits"] == 7
+    assert [g.cached_tokens for g in got] == [0] + [len(prompt) - 1] * 7
+    assert seen_cold[0] - seen_warm[0] == 7 * (len(prompt) - 1)
+    assert cold.stats["shared_prompts"] == 0
 
 
 def test_prefix_cache_is_off_for_sliding_window_models() -> None:

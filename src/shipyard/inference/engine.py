@@ -23,7 +23,8 @@ Contract:
 - Prefix cache (``prefix_cache_mb > 0``, in the model's device memory; off in deterministic mode,
   for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
   and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
-  new tokens. The cache is cleared when new weights go live, and a row that ran across an update
+  new tokens. A cold prompt's keys/values are kept as soon as it is prefilled, and rows admitted
+  with the same prompt are served from them: a GRPO group's sessions prefill their prompt once. The cache is cleared when new weights go live, and a row that ran across an update
   is not kept, so reused keys/values always come from the weights now serving.
 - Weights: :meth:`stage_weights` may be called from any thread; the update is applied in place
   (``copy_`` into the live parameters, or only the elements a delta changed when the caller says
@@ -249,13 +250,14 @@ class _Batch:
 def _new_stats() -> dict[str, float]:
     """The engine's counters, all zero. ``batches``: prefills (admissions); ``joins``: admissions
     into a running batch; ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served
-    from the prefix cache; ``aborted``: rows ended early because their caller cancelled them;
+    from the prefix cache; ``shared_prompts``: of those, rows whose prompt a row admitted with them
+    had just prefilled (counted in ``prefix_hits`` too); ``aborted``: rows ended early because their caller cancelled them;
     ``prefill_s``, ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the
     prefix cache (the cache's keys/values stacked into a batch, then the new tokens) and in decode
     steps (each forward and its logits' copy to the CPU; on a GPU, ending with that copy's
     synchronisation)."""
     counts = ("batches", "sequences", "generated_tokens", "decode_steps", "largest_batch", "compactions")
-    counts += ("joins", "prefix_hits", "prefix_tokens", "aborted")
+    counts += ("joins", "prefix_hits", "prefix_tokens", "shared_prompts", "aborted")
     return {**dict.fromkeys(counts, 0), "prefill_s": 0.0, "prefix_prefill_s": 0.0, "decode_s": 0.0}
 
 
@@ -551,7 +553,8 @@ class EmbeddedEngine:
         hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
         cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
         warm = [(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None]
-        parts = [self._prefill(cold)] if cold else []
+        parts, shared = self._prefill_cold(cold) if cold else ([], [])
+        warm += shared
         parts += [self._prefill_from(warm)] if warm else []
         joined, new_logits_BV = parts[0]
         for part, part_logits_BV in parts[1:]:
@@ -635,8 +638,8 @@ class EmbeddedEngine:
         return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
     def _store_prefix(self, batch: _Batch, b: int, row: _Row, evicted: bool = False) -> None:
-        """Keep a finished row's keys/values for reuse. A row that finished sampling has forwarded its
-        prompt and its tokens but the last: all are kept. An ``evicted`` row has forwarded every
+        """Keep a row's keys/values for reuse. A row that finished sampling has forwarded its prompt
+        and its tokens but the last: all are kept (a row just prefilled: its prompt). An ``evicted`` row has forwarded every
         token; all but the last are kept, so its continuation (prompt and tokens) extends the entry."""
         if self.prefix is None or row.epoch != self._epoch:
             return
@@ -665,6 +668,30 @@ class EmbeddedEngine:
         return row
 
     # ---------------------------------------------------------------------------------- decoding
+
+    def _prefill_cold(
+        self, cold: list[_Row]
+    ) -> tuple[list[tuple[_Batch, torch.Tensor]], list[tuple[_Row, PrefixEntry]]]:
+        """Prefill rows no cached prefix serves, each distinct prompt once.
+
+        With a prefix cache, each prefilled prompt's keys/values are stored at once, so a row of the
+        same prompt (a GRPO group's sessions, whether admitted in this call or at a later step while
+        these rows still run) is served from the cache with one token left to forward. Returns the
+        prefilled parts and the rows of this call served that way (prefilled by the caller)."""
+        if self.prefix is None:
+            return [self._prefill(cold)], []
+        firsts: dict[tuple[int, ...], _Row] = {}
+        for row in cold:
+            firsts.setdefault(tuple(row.request.prompt_ids), row)
+        batch, logits_BV = self._prefill(list(firsts.values()))
+        for b, row in enumerate(batch.rows):
+            self._store_prefix(batch, b, row)
+        rest = [row for row in cold if firsts[tuple(row.request.prompt_ids)] is not row]
+        hits = [self.prefix.lookup(row.request.prompt_ids) for row in rest]
+        shared = [(row, hit) for row, hit in zip(rest, hits, strict=True) if hit is not None]
+        missed = [row for row, hit in zip(rest, hits, strict=True) if hit is None]  # over the budget
+        self.stats["shared_prompts"] += len(shared)
+        return [(batch, logits_BV)] + ([self._prefill(missed)] if missed else []), shared
 
     def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
         requests = [row.request for row in rows]

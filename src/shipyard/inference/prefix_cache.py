@@ -24,8 +24,9 @@ Contract:
 
 Limits: linear scan over entries (a few hundred at most at realistic budgets); CPU memory (the
 tensors stay where the model's cache lives); entries do not share storage (a radix tree would store
-a system prompt once); rows admitted together prefill cold together (no entry exists yet), so the
-reuse of a shared prompt starts with the rows admitted after the first finished.
+a system prompt once). The engine stores a cold prompt right after its prefill, so rows of one
+prompt admitted together or while the first still runs reuse it; a prompt shorter than
+``min_shared + 1`` tokens is not reused that way (a lookup leaves one token to prefill).
 
 Shape legend: H = key/value heads, N = stored positions, D = head dim.
 """
