@@ -22,7 +22,9 @@ Contract: every figure comes from real bubblewrap sandboxes on this machine
   ``lifecycles_per_s_wall``;
 - ``pytest_overhead_frac``: median time of ``python -m pytest -q`` on a task's visible tests
   in a session, over the same command run directly on the host (same interpreter, same files),
-  minus 1; runs alternate;
+  minus 1; runs alternate; ``pytest_sandboxed_ms`` is that median (the harness's ``RUN_VISIBLE``,
+  third-party plugins not loaded) and ``pytest_autoload_sandboxed_ms`` the same run loading the
+  plugins installed beside the interpreter (the command before 2026-11-28), alternating with it;
 - ``idle_mib``: RSS summed over a session's processes (bwrap, the sandbox's pid 1, the server)
   after one command: the strictest measure (shared library pages count once per process);
   ``idle_pss_mib``, ``idle_uss_mib`` and ``idle_anon_mib`` say how much of it is shared,
@@ -293,18 +295,22 @@ def bench_pytest(rounds: int) -> dict[str, float]:
     host_dir = tempfile.mkdtemp(prefix="shipyard-bench-")
     for name, text in files.items():
         Path(host_dir, name).write_text(text)
-    sandboxed, host = [], []
+    autoload_cmd = RUN_VISIBLE.replace("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 ", "")
+    assert autoload_cmd != RUN_VISIBLE
+    sandboxed, host, autoload = [], [], []
     with BwrapSandbox(files, CFG) as sb:
         assert sb.exec(RUN_VISIBLE).returncode == 0
         for _ in range(rounds):
             sandboxed.append(_timed(lambda: sb.exec(RUN_VISIBLE)))
             host.append(_timed(lambda: _host_run(RUN_VISIBLE, host_dir, env)))
+            autoload.append(_timed(lambda: sb.exec(autoload_cmd)))
     shutil.rmtree(host_dir)
     sb_med, host_med = statistics.median(sandboxed), statistics.median(host)
     return {
         "pytest_overhead_frac": round(sb_med / host_med - 1, 4),
         "pytest_sandboxed_ms": _ms(sb_med),
         "pytest_host_ms": _ms(host_med),
+        "pytest_autoload_sandboxed_ms": _ms(statistics.median(autoload)),
     }
 
 

@@ -637,15 +637,21 @@ def _tokens_embedded(model: Any) -> tuple[list[int], Any]:
     return seen, handle
 
 
-def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("system_cached", [False, True])
+def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any], system_cached: bool) -> None:
     """A GRPO group: 5 sessions of one prompt admitted together and 3 more a step later, while the
-    first still run. The prompt is forwarded once; every other row forwards its last token only,
-    and samples what a cold engine samples (tokens equal, logprobs within 1e-4)."""
+    first still run. The prompt is forwarded once (from a cached system prompt when an earlier
+    session left one); every other row forwards its last token only, and samples what a cold
+    engine samples (tokens equal, logprobs within 1e-4)."""
     model, tok = dense
-    prompt = [(5 * i) % 190 + 3 for i in range(40)]
+    system = [(7 * i) % 200 + 3 for i in range(36)]
+    prompt = system + [(5 * i) % 190 + 3 for i in range(24)]
     reqs = [GenerateRequest(prompt, SamplingParams(temperature=1.0, max_tokens=6, seed=i)) for i in range(8)]
     warm = EmbeddedEngine(copy.deepcopy(model), tok, max_batch=8, prefix_cache_mb=64)
     cold = EmbeddedEngine(model, tok, max_batch=8)
+    if system_cached:  # another task's session under the same system prompt ran before
+        warm.generate([GenerateRequest(system + [9, 8, 7], _greedy(3))])
+    hits = warm.stats["prefix_hits"]
     seen_warm, h1 = _tokens_embedded(warm.model)
     seen_cold, h2 = _tokens_embedded(cold.model)
     try:
@@ -657,9 +663,11 @@ def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any]) -> Non
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs, strict=True)) < 1e-4
-    assert warm.stats["shared_prompts"] == 4 and warm.stats["prefix_hits"] == 7
-    assert [g.cached_tokens for g in got] == [0] + [len(prompt) - 1] * 7
-    assert seen_cold[0] - seen_warm[0] == 7 * (len(prompt) - 1)
+    first = len(system) if system_cached else 0
+    assert [g.cached_tokens for g in got] == [first] + [len(prompt) - 1] * 7
+    # repeats within an admission: 4 of the first wave, 2 of the second (whose first row hits too)
+    assert warm.stats["shared_prompts"] == 6 and warm.stats["prefix_hits"] - hits == 7 + system_cached
+    assert seen_cold[0] - seen_warm[0] == first + 7 * (len(prompt) - 1)
     assert cold.stats["shared_prompts"] == 0
 
 

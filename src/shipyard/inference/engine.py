@@ -550,12 +550,7 @@ class EmbeddedEngine:
         if batch is None:
             self.apply_pending()
         rows = [self._new_row(job) for job in jobs]
-        hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
-        cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
-        warm = [(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None]
-        parts, shared = self._prefill_cold(cold) if cold else ([], [])
-        warm += shared
-        parts += [self._prefill_from(warm)] if warm else []
+        parts = self._prefill_rows(rows) if self.prefix is None else self._prefill_sharing(rows)
         joined, new_logits_BV = parts[0]
         for part, part_logits_BV in parts[1:]:
             joined.join(part)
@@ -669,29 +664,31 @@ class EmbeddedEngine:
 
     # ---------------------------------------------------------------------------------- decoding
 
-    def _prefill_cold(
-        self, cold: list[_Row]
-    ) -> tuple[list[tuple[_Batch, torch.Tensor]], list[tuple[_Row, PrefixEntry]]]:
-        """Prefill rows no cached prefix serves, each distinct prompt once.
+    def _prefill_sharing(self, rows: list[_Row]) -> list[tuple[_Batch, torch.Tensor]]:
+        """Prefill ``rows`` with a prefix cache, each distinct prompt once.
 
-        With a prefix cache, each prefilled prompt's keys/values are stored at once, so a row of the
-        same prompt (a GRPO group's sessions, whether admitted in this call or at a later step while
-        these rows still run) is served from the cache with one token left to forward. Returns the
-        prefilled parts and the rows of this call served that way (prefilled by the caller)."""
-        if self.prefix is None:
-            return [self._prefill(cold)], []
+        Every prefilled prompt's keys/values go into the cache at once, so a row of the same prompt
+        (a GRPO group's sessions, admitted in this call or at a later step while these still run)
+        is served from them with one token left to forward."""
         firsts: dict[tuple[int, ...], _Row] = {}
-        for row in cold:
+        for row in rows:
             firsts.setdefault(tuple(row.request.prompt_ids), row)
-        batch, logits_BV = self._prefill(list(firsts.values()))
-        for b, row in enumerate(batch.rows):
-            self._store_prefix(batch, b, row)
-        rest = [row for row in cold if firsts[tuple(row.request.prompt_ids)] is not row]
-        hits = [self.prefix.lookup(row.request.prompt_ids) for row in rest]
-        shared = [(row, hit) for row, hit in zip(rest, hits, strict=True) if hit is not None]
-        missed = [row for row, hit in zip(rest, hits, strict=True) if hit is None]  # over the budget
-        self.stats["shared_prompts"] += len(shared)
-        return [(batch, logits_BV)] + ([self._prefill(missed)] if missed else []), shared
+        repeats = [row for row in rows if firsts[tuple(row.request.prompt_ids)] is not row]
+        parts = self._prefill_rows(list(firsts.values()))
+        for part, _ in parts:
+            for b, row in enumerate(part.rows):
+                self._store_prefix(part, b, row)
+        parts += self._prefill_rows(repeats) if repeats else []
+        self.stats["shared_prompts"] += sum(r.cached == len(r.request.prompt_ids) - 1 for r in repeats)
+        return parts
+
+    def _prefill_rows(self, rows: list[_Row]) -> list[tuple[_Batch, torch.Tensor]]:
+        """Prefill ``rows``: those whose prompts extend a cached prefix in one forward from it, the
+        others in one cold forward."""
+        hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
+        cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
+        warm = [(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None]
+        return ([self._prefill(cold)] if cold else []) + ([self._prefill_from(warm)] if warm else [])
 
     def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
         requests = [row.request for row in rows]
