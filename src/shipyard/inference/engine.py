@@ -23,9 +23,10 @@ Contract:
 - Prefix cache (``prefix_cache_mb > 0``, in the model's device memory; off in deterministic mode,
   for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
   and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
-  new tokens. A cold prompt's keys/values are kept as soon as it is prefilled, and rows admitted
-  with the same prompt are served from them: a GRPO group's sessions prefill their prompt once. The cache is cleared when new weights go live, and a row that ran across an update
-  is not kept, so reused keys/values always come from the weights now serving.
+  new tokens. Every prompt is kept as soon as it is prefilled, and rows of the same prompt
+  (admitted with it, or while it still runs) are served from it: a GRPO group's sessions prefill
+  their prompt once. The cache is cleared when new weights go live, and a row that ran across an
+  update is not kept, so reused keys/values always come from the weights now serving.
 - Weights: :meth:`stage_weights` may be called from any thread; the update is applied in place
   (``copy_`` into the live parameters, or only the elements a delta changed when the caller says
   where they are) at the next decode-step boundary of a running generate, or by
@@ -251,7 +252,7 @@ def _new_stats() -> dict[str, float]:
     """The engine's counters, all zero. ``batches``: prefills (admissions); ``joins``: admissions
     into a running batch; ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served
     from the prefix cache; ``shared_prompts``: of those, rows whose prompt a row admitted with them
-    had just prefilled (counted in ``prefix_hits`` too); ``aborted``: rows ended early because their caller cancelled them;
+    had just prefilled; ``aborted``: rows ended early because their caller cancelled them;
     ``prefill_s``, ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the
     prefix cache (the cache's keys/values stacked into a batch, then the new tokens) and in decode
     steps (each forward and its logits' copy to the CPU; on a GPU, ending with that copy's
@@ -633,9 +634,10 @@ class EmbeddedEngine:
         return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
     def _store_prefix(self, batch: _Batch, b: int, row: _Row, evicted: bool = False) -> None:
-        """Keep a row's keys/values for reuse. A row that finished sampling has forwarded its prompt
-        and its tokens but the last: all are kept (a row just prefilled: its prompt). An ``evicted`` row has forwarded every
-        token; all but the last are kept, so its continuation (prompt and tokens) extends the entry."""
+        """Keep a row's keys/values for reuse. A row just prefilled has forwarded its prompt, and one
+        that finished sampling its prompt and its tokens but the last: all are kept. An ``evicted``
+        row has forwarded every token; all but the last are kept, so its continuation (prompt and
+        tokens) extends the entry."""
         if self.prefix is None or row.epoch != self._epoch:
             return
         forwarded = row.request.prompt_ids + (row.token_ids if evicted else row.token_ids[:-1])

@@ -24,7 +24,7 @@ Contract:
 
 Limits: linear scan over entries (a few hundred at most at realistic budgets); CPU memory (the
 tensors stay where the model's cache lives); entries do not share storage (a radix tree would store
-a system prompt once). The engine stores a cold prompt right after its prefill, so rows of one
+a system prompt once). The engine stores every prompt right after its prefill, so rows of one
 prompt admitted together or while the first still runs reuse it; a prompt shorter than
 ``min_shared + 1`` tokens is not reused that way (a lookup leaves one token to prefill).
 

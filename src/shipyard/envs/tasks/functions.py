@@ -185,9 +185,9 @@ VISIBLE_TESTS_FILE = "test_visible.py"
 RUN_VISIBLE = f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -x --no-header -p no:cacheprovider {VISIBLE_TESTS_FILE}"
 """What runs after each write of a function task with visible tests. Third-party pytest plugins
 are not loaded: those installed beside the sandbox's Python (anyio, pytest-timeout) are this
-project's test dependencies, not the task's, and importing them took half of every run (490 ->
-250 ms a run in a sandbox here; the demo runs ~1,200 of them). The output is pytest's own either
-way."""
+project's test dependencies, not the task's, and importing them took half of every run (median
+398 -> 184 ms in a sandbox here, ``benchmarks/sandbox.py``; the demo runs ~1,200 of them). The
+report is pytest's own either way."""
 
 
 class FunctionKind:
