@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import importlib.metadata
 import re
 import sys
 import types
@@ -141,7 +142,9 @@ def test_visible_run_is_plain_pytest_without_third_party_plugins(tasks: list[Tas
     task = tasks[0]
     name = task.entry_point
     wrong = f"def {name}(*args, **kwargs):\n    return 12345\n"
-    probe = "import sys\n\ndef test_no_plugins():\n    assert not {'pytest_timeout', 'anyio'} & set(sys.modules)\n"
+    plugins = {ep.value.split(":")[0] for ep in importlib.metadata.entry_points(group="pytest11")}
+    assert "pytest_timeout" in plugins  # a dev dependency (pyproject.toml), so the probe can fail
+    probe = f"import sys\n\ndef test_no_plugins():\n    assert not {plugins!r} & set(sys.modules)\n"
     kind = FunctionKind()
     with BwrapSandbox({"solution.py": wrong, "test_visible.py": task.visible_tests}) as sb:
         text, outcome = kind.after_write(task, sb, "solution.py", 2000, end_on_pass=True)
