@@ -613,8 +613,8 @@ def test_prefix_hits_admitted_together_prefill_in_one_forward(dense: tuple[Any, 
 
 def _serve_in_waves(engine: EmbeddedEngine, waves: list[list[GenerateRequest]]) -> list[GenerateResult]:
     """Serve ``waves`` of requests, one wave admitted per step boundary; results in request order."""
-    numbered = list(enumerate(r for wave in waves for r in wave))
-    pending = [numbered[sum(map(len, waves[:w])) :][: len(wave)] for w, wave in enumerate(waves)]
+    starts = [sum(map(len, waves[:w])) for w in range(len(waves))]
+    pending = [list(enumerate(wave, start)) for wave, start in zip(waves, starts, strict=True)]
     got: dict[int, GenerateResult] = {}
 
     def take(free: int, idle: bool) -> list[Job] | None:

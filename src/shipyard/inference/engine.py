@@ -59,7 +59,7 @@ admitted next to short rows costs them attention over its padding until it finis
 other than plain ``DynamicLayer`` (sliding windows) admits only into an empty batch (static batching); stop
 strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
 one device (the CPU or one GPU: the model, its KV cache and the prefix cache live there; sampling and
-the rows' masks stay on the CPU). The file is long (~800 lines) because the batch's cache layout
+the rows' masks stay on the CPU). The file is long (~850 lines) because the batch's cache layout
 (``_Batch``), admission, prefill and decode all read and write the same padded cache; splitting them means
 a shared batch-state module first (not done yet).
 
@@ -673,9 +673,10 @@ class EmbeddedEngine:
         (a GRPO group's sessions, admitted in this call or at a later step while these still run)
         is served from them with one token left to forward."""
         firsts: dict[tuple[int, ...], _Row] = {}
+        repeats: list[_Row] = []
         for row in rows:
-            firsts.setdefault(tuple(row.request.prompt_ids), row)
-        repeats = [row for row in rows if firsts[tuple(row.request.prompt_ids)] is not row]
+            first = firsts.setdefault(tuple(row.request.prompt_ids), row)
+            repeats += [row] if first is not row else []
         parts = self._prefill_rows(list(firsts.values()))
         for part, _ in parts:
             for b, row in enumerate(part.rows):
