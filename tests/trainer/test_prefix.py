@@ -99,7 +99,7 @@ def test_the_prompt_runs_once_and_not_under_activation_checkpointing() -> None:
     rows, length = 4, PROMPT + 30
     assert _decoder_tokens(model, 0) == rows * length
     assert _decoder_tokens(model, PROMPT) == PROMPT + rows * (length - PROMPT)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     assert _decoder_tokens(model, PROMPT) == rows * length  # recomputed blocks would re-append to the cache
 
 
@@ -162,13 +162,20 @@ def _step_batch(seed: int) -> tuple[list[Trajectory], list[float]]:
     return trajs, [1.0, -0.5, 0.0, 0.75, -1.0, 0.5, -0.25]
 
 
-def _train(ranks: Ranks, kind: str, share: bool, checkpointing: bool = False) -> dict:
-    """Three AdamW steps (lr 1e-3) on shared-prompt groups; losses, norms, logprobs, weights."""
+def _train(ranks: Ranks, kind: str, share: bool, checkpointing: bool = False, tokens: int = 0) -> dict:
+    """Three AdamW steps (lr 1e-3) on shared-prompt groups; losses, norms, logprobs, weights.
+    ``tokens``: ``trainer.micro_batch_tokens``."""
     torch.manual_seed(0)
     scorer = TokenScorer(build_tiny(kind, VOCAB, seed=0).train())
     if ranks.world > 1:
         shard_policy(scorer, FsdpConfig(activation_checkpointing=checkpointing), bf16=False)
-    cfg = TrainerConfig(lr=1e-3, micro_batch=3, share_prefix=share, loss=LossConfig(correction="tis"))
+    cfg = TrainerConfig(
+        lr=1e-3,
+        micro_batch=3,
+        micro_batch_tokens=tokens,
+        share_prefix=share,
+        loss=LossConfig(correction="tis"),
+    )
     opt = make_optimizer(scorer, cfg)
     out: dict = {"losses": [], "norms": [], "lps": []}
     for step in range(3):
@@ -221,3 +228,54 @@ def test_sharded_step_with_shared_prompts_equals_one_process() -> None:
     for checkpointing in (False, True):
         two = spawn_ranks(_train, 2, "dense", True, checkpointing)
         _assert_same_update(one, two[0])
+
+
+def _padded(trajs: list[Trajectory], idx: list[int]) -> int:
+    return len(idx) * max(len(trajs[i].token_ids) for i in idx)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_token_budget_caps_every_micro_batch(world: int, share: bool) -> None:
+    gen = torch.Generator().manual_seed(3)
+    trajs = (
+        _group(gen, "a", 60, (20, 250, 35, 35, 12, 90, 20, 20))
+        + _group(gen, "b", 40, (300, 5, 8, 60))
+        + _group(gen, "c", 24, (10,) * 6)
+    )
+    budget, rows = 240, 4  # the 310- and 340-token sessions are each longer than the budget
+
+    def plans(tokens: int) -> list[list[list[int]]]:
+        return [
+            [mb.indices for mb in plan_micro_batches(trajs, world, r, rows, share, tokens)]
+            for r in range(world)
+        ]
+
+    capped, free = plans(budget), plans(0)
+    for plan in (capped, free):
+        assert len({len(p) for p in plan}) == 1  # every rank runs as many micro-batches
+        assert sorted(i for p in plan for idx in p for i in idx) == list(range(len(trajs)))
+        assert all(len(idx) <= rows for p in plan for idx in p)
+    batches = [idx for p in capped for idx in p if idx]
+    assert all(len(idx) == 1 or _padded(trajs, idx) <= budget for idx in batches)
+    alone = [idx for idx in batches if _padded(trajs, idx) > budget]
+    assert sorted(len(trajs[i].token_ids) for idx in alone for i in idx) == [310, 340]
+    assert max(_padded(trajs, idx) for p in free for idx in p if len(idx) > 1) > budget  # the cap bit
+    if world == 1 and not share:  # longest first, as many rows as both caps allow
+        lengths = [[len(trajs[i].token_ids) for i in idx] for idx in capped[0]]
+        assert lengths == [[340], [310], [150], [100, 95], [95, 80], [80, 80, 72], [48, 45, 34, 34], [34] * 4]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_token_budget_keeps_the_update(share: bool) -> None:
+    trajs, _ = _step_batch(0)  # 55, 49, 47, 44, 42, 36, 33 tokens
+    cut = plan_micro_batches(trajs, 1, 0, 3, share, token_budget=100)
+    assert len(cut) > len(plan_micro_batches(trajs, 1, 0, 3, share))
+    assert all(_padded(trajs, mb.indices) <= 100 for mb in cut if len(mb.indices) > 1)
+    _assert_same_update(_train(Ranks(), "dense", share), _train(Ranks(), "dense", share, tokens=100))
+
+
+def test_a_token_budget_keeps_the_sharded_update() -> None:
+    one = _train(Ranks(), "dense", share=True)
+    two = spawn_ranks(_train, 2, "dense", True, False, 100)
+    _assert_same_update(one, two[0])

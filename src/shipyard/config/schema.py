@@ -557,6 +557,11 @@ class TrainerConfig(_Section):
     may use), fp32 elsewhere. `true` on a CPU without bf16 units warns: it runs ~10-100x slower."""
     micro_batch: int = Field(4, ge=1)
     """Most sequences per forward/backward micro-batch."""
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Most padded tokens per micro-batch (rows × its longest row; 0 = rows only): bounds the
+    activation memory when session lengths vary, as verl's `ppo_max_token_len_per_gpu` does. A row
+    longer than the budget runs alone. Same update up to float rounding (the loss is normalised over
+    the step); `shipyard.trainer.microbatch`."""
     share_prefix: bool = True
     """Run the prompt that a micro-batch's sequences share through the decoder once, their own tokens
     on its keys and values (`shipyard.trainer.logprobs`); a GRPO group's sessions go into the same

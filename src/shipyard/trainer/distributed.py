@@ -12,8 +12,9 @@ Contract:
   whole step's denominators (:class:`~shipyard.trainer.loss.StepNorm`), so the sum of the ranks'
   gradients is the one-process gradient.
 - :func:`rank_split` deals a step's trajectories to ranks, balanced by tokens and the same on
-  every rank; :func:`micro_batches` gives each rank the same number of micro-batches (a rank with
-  fewer sequences runs zero-weight filler ones), so FSDP's collectives line up.
+  every rank; :func:`~shipyard.trainer.microbatch.plan_micro_batches` gives each rank the same
+  number of micro-batches (a rank with fewer runs zero-weight filler ones), so FSDP's collectives
+  line up.
 - :func:`full_params` gathers every parameter whole (a collective), as CPU tensors named as in
   the unwrapped model: what a published version holds. :func:`rank_tensors` splits them into the
   share each rank encodes and uploads (sharded publishing; rank 0 writes the one manifest).
@@ -26,7 +27,6 @@ Shape legend: none; this module moves whole modules, lists and state dicts.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
@@ -148,7 +148,7 @@ def shard_policy(scorer: torch.nn.Module, cfg: FsdpConfig, bf16: bool) -> torch.
     )
     model = scorer.model
     if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpoint_blocks(model)
     for block in decoder_blocks(model):
         fully_shard(
             block, reshard_after_forward=cfg.reshard_after_forward, mp_policy=block_mp, offload_policy=offload
@@ -159,6 +159,16 @@ def shard_policy(scorer: torch.nn.Module, cfg: FsdpConfig, bf16: bool) -> torch.
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
     return scorer
+
+
+def _checkpoint_blocks(model: Any) -> None:
+    """Recompute each block in the backward (non-reentrant). The method was renamed in transformers
+    5.24 (the old name warns); older releases, such as the GPU image's, have only the old one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def rank_split(trajectories: list[Trajectory], world: int) -> list[list[int]]:
@@ -175,14 +185,6 @@ def rank_split(trajectories: list[Trajectory], world: int) -> list[list[int]]:
         split[r].append(i)
         loads[r] += len(trajectories[i].token_ids)
     return split
-
-
-def micro_batches(split: list[list[int]], rank: int, micro_batch: int) -> list[list[int]]:
-    """``rank``'s indices in micro-batches of ``micro_batch``, padded with empty ones to the count of
-    the rank with the most (every rank runs the same number of forwards and backwards)."""
-    count = max(math.ceil(len(s) / micro_batch) for s in split)
-    mine = split[rank]
-    return [mine[i * micro_batch : (i + 1) * micro_batch] for i in range(count)]
 
 
 def rank_tensors(tensors: dict[str, torch.Tensor], world: int) -> list[list[str]]:

@@ -2,18 +2,28 @@
 
 Contract of :func:`plan_micro_batches` (a list of :class:`MicroBatch`, indices and shared prefix):
 - Every rank gets its share of :func:`~shipyard.trainer.distributed.rank_split` and the same number
-  of micro-batches (padded with empty ones, as :func:`~shipyard.trainer.distributed.micro_batches`);
-  every index appears exactly once over all ranks; no micro-batch holds more than ``micro_batch``.
-- Without prefix sharing: the rank's list (longest first) in consecutive slices of ``micro_batch``.
+  of micro-batches (padded with empty ones: a rank out of rows runs a zero-weight filler pass);
+  every index appears exactly once over all ranks; no micro-batch holds more than ``micro_batch``
+  rows, nor, with a ``token_budget``, more than that many padded tokens (rows × its longest row's
+  length) unless it is a single row longer than the budget, which runs alone.
+- Without prefix sharing: the rank's list (longest first) in consecutive slices, each as long as
+  both caps allow.
 - With prefix sharing (``trainer.share_prefix``): a rank's sequences are bucketed by ``group_id``
   (a GRPO group's sessions start with the same prompt), each bucket sorted longest first and cut
   into consecutive runs by dynamic programming, minimising :func:`forwarded_tokens`: the shared
   prefix once, each row's padded rest, plus :data:`CALL_TOKENS` per decoder call. A bucket whose
   sessions differ in length (a 487-token two-turn session among 160-token ones) is cut so the long
   one does not pad the others, and rows that share a prompt are not split for nothing.
+The token budget (``trainer.micro_batch_tokens``) bounds the padded ``[B, T]`` that one forward and
+backward hold activations for, whatever the sessions' lengths (verl's ``ppo_max_token_len_per_gpu``
+plays this part): a shared prefix only lowers what is forwarded, and the ranks' micro-batches at
+one position may run with the least of their prefixes, so the budget counts rows unshared. The
+step's loss is normalised over the whole step (``StepNorm``), so how the rows are cut changes the
+update only by float rounding.
+
 Limits: buckets are by ``group_id``; sequences of other groups are never batched together, even if
-they share a system prompt. Micro-batches hold at most ``micro_batch`` rows whatever their length
-(a token budget is not modelled).
+they share a system prompt. Rows are padded, not packed: a micro-batch of one long and several short
+rows costs rows × the longest.
 
 On the seed-1 and seed-0 demo runs' stored rollouts (42 steps of 16 sessions), the trainer's
 forwarded tokens (:func:`forwarded_tokens` summed, ``micro_batch`` 4): 194,660 padded tokens in
@@ -30,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shipyard.agent.types import Trajectory
-from shipyard.trainer.distributed import micro_batches, rank_split
+from shipyard.trainer.distributed import rank_split
 
 MIN_SHARED_PREFIX = 16
 """Shorter shared prefixes run with their rows (a second decoder call costs more than it saves)."""
@@ -69,7 +79,24 @@ def forwarded_tokens(seqs: Sequence[Sequence[int]], share_prefix: bool) -> int:
     return prefix + len(seqs) * (longest - prefix)
 
 
-def _cut(seqs: list[np.ndarray], micro_batch: int) -> list[tuple[int, int]]:
+def _fits(rows: int, longest: int, token_budget: int) -> bool:
+    """Whether ``rows`` rows padded to ``longest`` fit ``token_budget`` (0: no budget; one row always)."""
+    return token_budget == 0 or rows == 1 or rows * longest <= token_budget
+
+
+def _slices(lengths: list[int], micro_batch: int, token_budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[i, j)`` of ``lengths`` (longest first), each as long as both caps allow."""
+    runs, i = [], 0
+    while i < len(lengths):
+        j = i + 1
+        while j < len(lengths) and j - i < micro_batch and _fits(j + 1 - i, lengths[i], token_budget):
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+def _cut(seqs: list[np.ndarray], micro_batch: int, token_budget: int) -> list[tuple[int, int]]:
     """Consecutive runs ``[i, j)`` of ``seqs`` (longest first) with the least forwarded tokens."""
     n = len(seqs)
     best = [0] + [-1] * n
@@ -77,6 +104,8 @@ def _cut(seqs: list[np.ndarray], micro_batch: int) -> list[tuple[int, int]]:
     for j in range(1, n + 1):
         common = len(seqs[j - 1])
         for i in range(j - 1, max(0, j - micro_batch) - 1, -1):  # the run [i, j), growing leftwards
+            if not _fits(j - i, len(seqs[i]), token_budget):
+                break  # longer runs only add rows as long or longer
             common = min(common, _common_prefix(seqs[i], seqs[j - 1]))
             prefix = _usable(common, len(seqs[j - 1]), j - i)
             cost = best[i] + prefix + (j - i) * (len(seqs[i]) - prefix) + CALL_TOKENS
@@ -90,7 +119,9 @@ def _cut(seqs: list[np.ndarray], micro_batch: int) -> list[tuple[int, int]]:
     return runs[::-1]
 
 
-def _prefix_runs(trajectories: list[Trajectory], mine: list[int], micro_batch: int) -> list[list[int]]:
+def _prefix_runs(
+    trajectories: list[Trajectory], mine: list[int], micro_batch: int, token_budget: int
+) -> list[list[int]]:
     buckets: dict[str, list[int]] = {}
     for i in mine:
         buckets.setdefault(trajectories[i].group_id, []).append(i)
@@ -98,7 +129,7 @@ def _prefix_runs(trajectories: list[Trajectory], mine: list[int], micro_batch: i
     for idx in buckets.values():
         idx = sorted(idx, key=lambda i: (-len(trajectories[i].token_ids), i))
         seqs = [np.asarray(trajectories[i].token_ids) for i in idx]
-        runs += [idx[a:b] for a, b in _cut(seqs, micro_batch)]
+        runs += [idx[a:b] for a, b in _cut(seqs, micro_batch, token_budget)]
     return sorted(runs, key=lambda run: (-len(trajectories[run[0]].token_ids), run[0]))
 
 
@@ -111,16 +142,29 @@ class MicroBatch(NamedTuple):
     block's weights per call)."""
 
 
+def _length_runs(
+    trajectories: list[Trajectory], mine: list[int], micro_batch: int, token_budget: int
+) -> list[list[int]]:
+    lengths = [len(trajectories[i].token_ids) for i in mine]  # rank_split lists them longest first
+    return [mine[a:b] for a, b in _slices(lengths, micro_batch, token_budget)]
+
+
 def plan_micro_batches(
-    trajectories: list[Trajectory], world: int, rank: int, micro_batch: int, share_prefix: bool
+    trajectories: list[Trajectory],
+    world: int,
+    rank: int,
+    micro_batch: int,
+    share_prefix: bool,
+    token_budget: int = 0,
 ) -> list[MicroBatch]:
-    """``rank``'s micro-batches (module doc); the same on every rank."""
+    """``rank``'s micro-batches (module doc); the same on every rank. ``token_budget`` 0: rows only."""
     split = rank_split(trajectories, world)
-    if not share_prefix:
-        return [MicroBatch(idx, 0) for idx in micro_batches(split, rank, micro_batch)]
-    plans = [_prefix_runs(trajectories, mine, micro_batch) for mine in split]
+    runs = _prefix_runs if share_prefix else _length_runs
+    plans = [runs(trajectories, mine, micro_batch, token_budget) for mine in split]
     count = max(len(p) for p in plans)
     plans = [p + [[] for _ in range(count - len(p))] for p in plans]
+    if not share_prefix:
+        return [MicroBatch(idx, 0) for idx in plans[rank]]
     prefixes = [
         min(shared_prefix([trajectories[i].token_ids for i in p[k]]) for p in plans) for k in range(count)
     ]

@@ -30,7 +30,8 @@ Contract of :func:`train_step`:
   mask_frac, tis_trunc_frac, per-probability-bucket values, ...), grad_norm, num_seqs,
   mean_adv_abs, skipped. No entropy is computed (entropy-free).
 - Micro-batches: :func:`~shipyard.trainer.microbatch.plan_micro_batches` (with ``cfg.share_prefix``
-  a group's sessions go together and their shared prompt runs once).
+  a group's sessions go together and their shared prompt runs once; ``cfg.micro_batch_tokens`` caps
+  each one's padded tokens).
 Limits: the caller picks the model's train/eval mode (dropout should be 0 so π matches the
 sampler).
 
@@ -246,7 +247,10 @@ def _accumulate(
     sums = {k: torch.zeros((), dtype=torch.float64) for k in ("loss_sum", "clip_count", "kl_sum")}
     replay = score["seam"] is not None and any(t.routes is not None for t in trajectories)
     share = cfg.share_prefix and not replay  # a route plan is per [B, T] row of one forward
-    for idx, prefix in plan_micro_batches(trajectories, ranks.world, ranks.rank, cfg.micro_batch, share):
+    plan = plan_micro_batches(
+        trajectories, ranks.world, ranks.rank, cfg.micro_batch, share, cfg.micro_batch_tokens
+    )
+    for idx, prefix in plan:
         filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
         chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
         adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
