@@ -8,8 +8,8 @@ temperature and ``max_tokens``, admitted together as the rollout worker's group 
 alternate group by group: ``unshared`` without a prefix cache (``inference.prefix_cache_mb = 0``:
 every row prefills the prompt, which is what a group admitted together got before the engine stored
 prompts at prefill) and ``shared`` with the demo's cache (one row prefills the prompt, the others
-are served from its keys/values). Per engine: ``prompt_tokens_forwarded`` (tokens the prefills
-embedded), ``prefill_s`` (the engine's prefill seconds, cold and from the cache), ``decode_s``,
+are served from its keys/values). Per engine: ``prompt_tokens_forwarded`` (positions the prefills
+forwarded: the engine's ``prefilled_tokens``), ``prefill_s`` (the engine's prefill seconds, cold and from the cache), ``decode_s``,
 ``wall_s`` and ``tokens_per_s`` (sampled tokens over wall). Prints a table and writes
 ``benchmarks/results/group_prefill.json`` with those per engine and ``prefill_speedup``,
 ``wall_speedup``.
@@ -59,23 +59,15 @@ def run_group(engine: Any, prompt: list[int], cfg: Any, size: int, seed: int) ->
         for i in range(size)
     ]
     before = dict(engine.stats)
-    embedded = [0]
-    hook = engine.model.get_input_embeddings().register_forward_hook(
-        lambda _m, a, _o: embedded.__setitem__(0, embedded[0] + (a[0].numel() if a[0].shape[1] > 1 else 0))
-    )
     t0 = time.perf_counter()
-    try:
-        results = engine.generate([GenerateRequest(list(prompt), p) for p in params])
-    finally:
-        hook.remove()
+    results = engine.generate([GenerateRequest(list(prompt), p) for p in params])
     wall = time.perf_counter() - t0
     moved = {
         k: engine.stats[k] - before[k]
-        for k in ("prefill_s", "prefix_prefill_s", "decode_s", "shared_prompts")
+        for k in ("prefill_s", "prefix_prefill_s", "decode_s", "prefilled_tokens")
     }
-    shared_tokens = moved["shared_prompts"]  # each served row forwards its prompt's last token
     return {
-        "prompt_tokens_forwarded": embedded[0] + shared_tokens,
+        "prompt_tokens_forwarded": moved["prefilled_tokens"],
         "prefill_s": moved["prefill_s"] + moved["prefix_prefill_s"],
         "decode_s": moved["decode_s"],
         "wall_s": wall,

@@ -669,6 +669,11 @@ def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any], system
     assert warm.stats["shared_prompts"] == 6 and warm.stats["prefix_hits"] - hits == 7 + system_cached
     assert seen_cold[0] - seen_warm[0] == first + 7 * (len(prompt) - 1)
     assert cold.stats["shared_prompts"] == 0
+    # the engine's own count: every cold row its whole prompt; the warm engine's first row what the
+    # cache lacked, the seven others their last token (the system-prompt session's prefill aside)
+    assert cold.stats["prefilled_tokens"] == 8 * len(prompt)
+    before = len(system) + 3 if system_cached else 0
+    assert warm.stats["prefilled_tokens"] - before == len(prompt) - first + 7
 
 
 def test_prefix_cache_is_off_for_sliding_window_models() -> None:

@@ -252,13 +252,15 @@ def _new_stats() -> dict[str, float]:
     """The engine's counters, all zero. ``batches``: prefills (admissions); ``joins``: admissions
     into a running batch; ``prefix_hits`` / ``prefix_tokens``: requests (and prompt tokens) served
     from the prefix cache; ``shared_prompts``: of those, rows whose prompt a row admitted with them
-    had just prefilled; ``aborted``: rows ended early because their caller cancelled them;
+    had just prefilled; ``prefilled_tokens``: positions the prefills forwarded (rows × padded width,
+    what they computed; a prompt served from the cache counts only its new tokens); ``aborted``: rows
+    ended early because their caller cancelled them;
     ``prefill_s``, ``prefix_prefill_s``, ``decode_s``: seconds in cold prefills, in prefills from the
     prefix cache (the cache's keys/values stacked into a batch, then the new tokens) and in decode
     steps (each forward and its logits' copy to the CPU; on a GPU, ending with that copy's
     synchronisation)."""
     counts = ("batches", "sequences", "generated_tokens", "decode_steps", "largest_batch", "compactions")
-    counts += ("joins", "prefix_hits", "prefix_tokens", "shared_prompts", "aborted")
+    counts += ("joins", "prefix_hits", "prefix_tokens", "shared_prompts", "prefilled_tokens", "aborted")
     return {**dict.fromkeys(counts, 0), "prefill_s": 0.0, "prefix_prefill_s": 0.0, "decode_s": 0.0}
 
 
@@ -722,6 +724,7 @@ class EmbeddedEngine:
         batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         logits_BV = out.logits[:, -1, :].float().cpu()
         self.stats["prefill_s"] += time.perf_counter() - t0
+        self.stats["prefilled_tokens"] += ids_BT.numel()
         return batch, logits_BV
 
     def _prefill_from(self, warm: list[tuple[_Row, PrefixEntry]]) -> tuple[_Batch, torch.Tensor]:
@@ -758,6 +761,7 @@ class EmbeddedEngine:
         )
         self.stats["prefix_hits"] += len(warm)
         self.stats["prefix_tokens"] += sum(n_B)
+        self.stats["prefilled_tokens"] += ids_BM.numel()
         pos_B = torch.tensor([n + m - 1 for n, m in zip(n_B, m_B, strict=True)])
         batch = _Batch([row for row, _ in warm], cache, attn_BT, pos_B)
         logits_BV = out.logits[:, -1, :].float().cpu()
