@@ -29,7 +29,9 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PATH=/tmp/bin:$PATH
 CPU_ENGINE="inference.device=cpu inference.num_servers=4 inference.max_batch=16 inference.threads=3 rollout.concurrency=32 trainer.groups_per_step=4"
 smoke() {  # the GPU long run's whole pipeline, SmolLM2-135M's architecture with random weights
   mkdir -p /tmp/smoke && rm -rf runs/long-run-gpu-quick runs/store/long-run-gpu-quick
-  timeout 240 python3 benchmarks/long_run.py --quick --config configs/long_gpu.toml --name long_run_gpu \
+  # on a stall, SIGABRT to the whole process group: with PYTHONFAULTHANDLER every Python process
+  # (long_run.py and its `shipyard` stage) writes each thread's stack into its log under $OUT
+  PYTHONFAULTHANDLER=1 timeout -s ABRT -k 15 240 python3 benchmarks/long_run.py --quick --config configs/long_gpu.toml --name long_run_gpu \
     --train-minutes 1 --out /tmp/smoke --logs "$OUT" \
     --set model.source=hf model.path=.gpu/smollm2 model.random_init=true > "$OUT/smoke.log" 2>&1 \
     || { for f in "$OUT"/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v '^\s*$' | tail -12; done; false; }
@@ -47,6 +49,7 @@ if [ "$stage" = one ]; then
   # pipeline had not finished within 150 s there, so it is checked first and call 2 falls back
   if smoke; then echo "smoke passed (engine on the GPU)"; echo gpu > /tmp/w/engine; else
     echo "smoke failed: call 2 runs the engine on the CPU cores"; echo cpu > /tmp/w/engine
+    grep -h -A12 "most recent call first" "$OUT"/*.log | head -80  # the threads' stacks, if it stalled
   fi
   grep -E "function|humaneval|wrote" "$OUT/smoke.log" | tail -6
   if [ "${2:-}" = scaleout ]; then
