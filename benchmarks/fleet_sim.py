@@ -170,7 +170,9 @@ def measure_trainer(cfg: ShipyardConfig, batches: list[Any]) -> list[tuple[int, 
     from shipyard.trainer.step import train_step
 
     policy = build_policy(cfg, ONE_PROCESS)
-    padded = TrainerProfile(0.0, 0.0, 0.0, micro_batch=cfg.trainer.micro_batch)
+    padded = TrainerProfile(
+        0.0, 0.0, 0.0, micro_batch=cfg.trainer.micro_batch, micro_batch_tokens=cfg.trainer.micro_batch_tokens
+    )
     groups = [
         sorted(g, key=lambda t: (t.sample_idx, t.segment_idx)) for b in batches for g in b.groups().values()
     ]
@@ -204,7 +206,13 @@ def calibrate_from(
     points = measure_trainer(cfg, batches)
     base, per_token = cal.fit_linear([p[0] for p in points], [p[1] for p in points])
     publish_s = cal.fit_trainer(records, cal.step_tokens(records, batches)).publish_s
-    trainer = TrainerProfile(base, per_token, publish_s, micro_batch=cfg.trainer.micro_batch)
+    trainer = TrainerProfile(
+        base,
+        per_token,
+        publish_s,
+        micro_batch=cfg.trainer.micro_batch,
+        micro_batch_tokens=cfg.trainer.micro_batch_tokens,
+    )
     events = [json.loads(store.get(k)) for k in store.list("adoptions/")]
     pauses = [e["pause_s"] for e in events if e["pause_s"] is not None]  # None: applied while idle
     lag = cal.sync_lag(store)

@@ -31,6 +31,7 @@ smoke() {  # the GPU long run's whole pipeline, SmolLM2-135M's architecture with
   mkdir -p /tmp/smoke && rm -rf runs/long-run-gpu-quick runs/store/long-run-gpu-quick
   # on a stall, SIGABRT to the whole process group: with PYTHONFAULTHANDLER every Python process
   # (long_run.py and its `shipyard` stage) writes each thread's stack into its log under $OUT
+  ulimit -c 0  # no core files after the stacks (a CUDA process's would be large)
   PYTHONFAULTHANDLER=1 timeout -s ABRT -k 15 240 python3 benchmarks/long_run.py --quick --config configs/long_gpu.toml --name long_run_gpu \
     --train-minutes 1 --out /tmp/smoke --logs "$OUT" \
     --set model.source=hf model.path=.gpu/smollm2 model.random_init=true > "$OUT/smoke.log" 2>&1 \

@@ -165,3 +165,19 @@ def test_trainer_cost_counts_padded_micro_batches() -> None:
     assert TrainerProfile(0.0, 1.0, 0.0).cost_tokens([1, 5, 2, 2]) == 10
     assert TrainerProfile(0.0, 1.0, 0.0, micro_batch=2).cost_tokens([1, 5, 2, 2]) == 2 * 5 + 2 * 2
     assert TrainerProfile(0.0, 1.0, 0.0, micro_batch=4).cost_tokens([1, 5, 2]) == 3 * 5
+    capped = TrainerProfile(0.0, 1.0, 0.0, micro_batch=4, micro_batch_tokens=8)
+    assert capped.cost_tokens([1, 5, 2, 2, 9]) == 9 + 5 + 3 * 2  # 9 alone (over 8), 5 alone, 2+2+1
+
+
+def test_trainer_cost_is_what_the_trainers_plan_pads() -> None:
+    """The simulator's padded tokens against the trainer's own micro-batch plan (no prefix sharing)."""
+    from shipyard.agent.types import Trajectory
+    from shipyard.trainer.microbatch import plan_micro_batches
+
+    lengths = [37, 300, 12, 90, 90, 41, 160, 8, 75, 75, 75, 20]
+    trajs = [Trajectory("t", "g", i, [5] * n, [1] * n, [0.0] * n, [0] * n, 0) for i, n in enumerate(lengths)]
+    for rows, tokens in [(4, 0), (4, 200), (3, 160), (8, 100)]:
+        plan = plan_micro_batches(trajs, 1, 0, rows, share_prefix=False, token_budget=tokens)
+        padded = sum(len(mb.indices) * max(lengths[i] for i in mb.indices) for mb in plan)
+        profile = TrainerProfile(0.0, 1.0, 0.0, micro_batch=rows, micro_batch_tokens=tokens)
+        assert profile.cost_tokens(lengths) == padded, (rows, tokens)

@@ -676,6 +676,14 @@ def test_a_groups_shared_prompt_is_prefilled_once(dense: tuple[Any, Any], system
     assert warm.stats["prefilled_tokens"] - before == len(prompt) - first + 7
 
 
+def test_prefilled_tokens_count_the_padded_batch(dense: tuple[Any, Any]) -> None:
+    """Prompts of 10 and 25 tokens admitted together forward a [2, 25] batch: 50 positions, not 35."""
+    model, tok = dense
+    engine = EmbeddedEngine(model, tok, max_batch=4)
+    engine.generate([GenerateRequest([3 + i for i in range(n)], _greedy(1)) for n in (10, 25)])
+    assert engine.stats["batches"] == 1 and engine.stats["prefilled_tokens"] == 2 * 25
+
+
 def test_prefix_cache_is_off_for_sliding_window_models() -> None:
     """A sliding-window cache drops old positions, so rows can neither be kept nor joined: the engine
     runs such a model with the prefix cache off and static admission, and still samples."""

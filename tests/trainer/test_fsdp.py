@@ -77,7 +77,7 @@ def _train(ranks: Ranks, kind: str, fsdp: FsdpConfig | None = None) -> dict[str,
     return {"losses": losses, "norms": norms, "k1": k1, "weights": full_params(scorer, "model.")}
 
 
-def test_rank_split_balances_tokens_and_pads_micro_batches() -> None:
+def test_rank_split_balances_tokens_longest_first() -> None:
     trajs, _ = _batches(0)
     split = rank_split(trajs, 2)
     assert sorted(i for s in split for i in s) == list(range(5))

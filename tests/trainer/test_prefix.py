@@ -18,7 +18,7 @@ from transformers import MistralConfig, MistralForCausalLM
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import FsdpConfig, LossConfig, TrainerConfig
 from shipyard.models.loading import build_tiny
-from shipyard.trainer.distributed import Ranks, full_params, shard_policy, spawn_ranks
+from shipyard.trainer.distributed import Ranks, full_params, rank_split, shard_policy, spawn_ranks
 from shipyard.trainer.logprobs import TokenScorer, pad_batch, token_logprobs
 from shipyard.trainer.microbatch import (
     CALL_TOKENS,
@@ -261,6 +261,10 @@ def test_a_token_budget_caps_every_micro_batch(world: int, share: bool) -> None:
     alone = [idx for idx in batches if _padded(trajs, idx) > budget]
     assert sorted(len(trajs[i].token_ids) for idx in alone for i in idx) == [310, 340]
     assert max(_padded(trajs, idx) for p in free for idx in p if len(idx) > 1) > budget  # the cap bit
+    if not share:  # no budget: each rank's list (longest first) in slices of `rows`, padded with fillers
+        split = rank_split(trajs, world)
+        count = max(-(-len(mine) // rows) for mine in split)
+        assert free == [[mine[k * rows : (k + 1) * rows] for k in range(count)] for mine in split]
     if world == 1 and not share:  # longest first, as many rows as both caps allow
         lengths = [[len(trajs[i].token_ids) for i in idx] for idx in capped[0]]
         assert lengths == [[340], [310], [150], [100, 95], [95, 80], [80, 80, 72], [48, 45, 34, 34], [34] * 4]

@@ -68,22 +68,35 @@ class TrainerProfile:
     micro_batch: int = 0
     """Sequences per forward and backward (``trainer.micro_batch``), each padded to the longest of
     its micro-batch: a step costs its padded tokens. 0: its tokens."""
+    micro_batch_tokens: int = 0
+    """Most padded tokens per micro-batch (``trainer.micro_batch_tokens``; 0: rows only)."""
 
     def step_s(self, tokens: int) -> float:
         return self.step_base_s + self.per_token_s * tokens
 
     def cost_tokens(self, lengths: list[int]) -> int:
         """Tokens a step forwards for sequences of ``lengths``, padded per micro-batch in the
-        trainer's order without prefix sharing (longest first:
-        :func:`shipyard.trainer.distributed.rank_split`; ``trainer.share_prefix = false``). Sessions
+        trainer's order without prefix sharing (longest first, cut by both caps:
+        :func:`shipyard.trainer.microbatch.plan_micro_batches`; ``trainer.share_prefix = false``). Sessions
         carry no prompt here, so a trainer that shares its groups' prompts (the default) forwards
         fewer: on the demo's rollouts 1,768 instead of 3,281 a step (``benchmarks/trainer_prefix.py``);
         calibrate ``per_token_s`` against the trainer being simulated."""
         if not self.micro_batch:
             return sum(lengths)
-        mb = self.micro_batch
-        lengths = sorted(lengths, reverse=True)
-        return sum(len(lengths[i : i + mb]) * max(lengths[i : i + mb]) for i in range(0, len(lengths), mb))
+        lengths, total, start = sorted(lengths, reverse=True), 0, 0
+        while start < len(lengths):  # each micro-batch as many rows as both caps allow
+            rows = 1
+            while (
+                start + rows < len(lengths)
+                and rows < self.micro_batch
+                and self._fits(rows + 1, lengths[start])
+            ):
+                rows += 1
+            total, start = total + rows * lengths[start], start + rows
+        return total
+
+    def _fits(self, rows: int, longest: int) -> bool:
+        return not self.micro_batch_tokens or rows * longest <= self.micro_batch_tokens
 
 
 @dataclass(frozen=True)

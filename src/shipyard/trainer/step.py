@@ -250,9 +250,10 @@ def _accumulate(
     plan = plan_micro_batches(
         trajectories, ranks.world, ranks.rank, cfg.micro_batch, share, cfg.micro_batch_tokens
     )
+    shortest = min(trajectories, key=lambda t: len(t.token_ids))
     for idx, prefix in plan:
         filler = not idx  # this rank has no sequence left: a zero-weight pass keeps FSDP in step
-        chunk = [trajectories[i] for i in idx] if idx else trajectories[:1]
+        chunk = [trajectories[i] for i in idx] if idx else [shortest]
         adv_B = torch.tensor([advantages[i] for i in idx] or [0.0], dtype=torch.float32, device=device)
         needs_grad = ranks.world > 1 or bool((adv_B != 0).any()) or cfg.loss.kl_coef > 0
         with torch.set_grad_enabled(needs_grad):
