@@ -9,8 +9,8 @@ alternate group by group: ``unshared`` without a prefix cache (``inference.prefi
 every row prefills the prompt, which is what a group admitted together got before the engine stored
 prompts at prefill) and ``shared`` with the demo's cache (one row prefills the prompt, the others
 are served from its keys/values). Per engine: ``prompt_tokens_forwarded`` (positions the prefills
-forwarded: the engine's ``prefilled_tokens``), ``prefill_s`` (the engine's prefill seconds, cold and from the cache), ``decode_s``,
-``wall_s`` and ``tokens_per_s`` (sampled tokens over wall). Prints a table and writes
+forwarded: the engine's ``prefilled_tokens``), ``prefill_s`` (the engine's prefill seconds, cold
+and from the cache), ``decode_s``, ``wall_s`` and ``tokens_per_s`` (sampled tokens over wall). Prints a table and writes
 ``benchmarks/results/group_prefill.json`` with those per engine and ``prefill_speedup``,
 ``wall_speedup``.
 

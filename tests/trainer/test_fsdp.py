@@ -27,8 +27,9 @@ import torch
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import FsdpConfig, LossConfig, TrainerConfig
 from shipyard.models.loading import build_tiny
-from shipyard.trainer.distributed import Ranks, full_params, rank_split, shard_policy, spawn_ranks
+from shipyard.trainer.distributed import Ranks, full_params, shard_policy, spawn_ranks
 from shipyard.trainer.logprobs import TokenScorer
+from shipyard.trainer.microbatch import rank_split
 from shipyard.trainer.step import make_optimizer, train_step
 
 VOCAB = 512

@@ -18,13 +18,14 @@ from transformers import MistralConfig, MistralForCausalLM
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import FsdpConfig, LossConfig, TrainerConfig
 from shipyard.models.loading import build_tiny
-from shipyard.trainer.distributed import Ranks, full_params, rank_split, shard_policy, spawn_ranks
+from shipyard.trainer.distributed import Ranks, full_params, shard_policy, spawn_ranks
 from shipyard.trainer.logprobs import TokenScorer, pad_batch, token_logprobs
 from shipyard.trainer.microbatch import (
     CALL_TOKENS,
     MIN_SHARED_PREFIX,
     forwarded_tokens,
     plan_micro_batches,
+    rank_split,
     shared_prefix,
 )
 from shipyard.trainer.step import make_optimizer, train_step

@@ -30,6 +30,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shipyard.trainer.microbatch import length_runs
+
 
 @dataclass(frozen=True)
 class EngineProfile:
@@ -83,20 +85,9 @@ class TrainerProfile:
         calibrate ``per_token_s`` against the trainer being simulated."""
         if not self.micro_batch:
             return sum(lengths)
-        lengths, total, start = sorted(lengths, reverse=True), 0, 0
-        while start < len(lengths):  # each micro-batch as many rows as both caps allow
-            rows = 1
-            while (
-                start + rows < len(lengths)
-                and rows < self.micro_batch
-                and self._fits(rows + 1, lengths[start])
-            ):
-                rows += 1
-            total, start = total + rows * lengths[start], start + rows
-        return total
-
-    def _fits(self, rows: int, longest: int) -> bool:
-        return not self.micro_batch_tokens or rows * longest <= self.micro_batch_tokens
+        lengths = sorted(lengths, reverse=True)
+        runs = length_runs(lengths, self.micro_batch, self.micro_batch_tokens)
+        return sum((j - i) * lengths[i] for i, j in runs)
 
 
 @dataclass(frozen=True)

@@ -677,8 +677,8 @@ class EmbeddedEngine:
         firsts: dict[tuple[int, ...], _Row] = {}
         repeats: list[_Row] = []
         for row in rows:
-            first = firsts.setdefault(tuple(row.request.prompt_ids), row)
-            repeats += [row] if first is not row else []
+            if firsts.setdefault(tuple(row.request.prompt_ids), row) is not row:
+                repeats.append(row)
         parts = self._prefill_rows(list(firsts.values()))
         for part, _ in parts:
             for b, row in enumerate(part.rows):

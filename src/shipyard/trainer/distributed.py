@@ -11,10 +11,9 @@ Contract:
   norm, LM head). The gradient divide factor is 1: each rank's loss is already divided by the
   whole step's denominators (:class:`~shipyard.trainer.loss.StepNorm`), so the sum of the ranks'
   gradients is the one-process gradient.
-- :func:`rank_split` deals a step's trajectories to ranks, balanced by tokens and the same on
-  every rank; :func:`~shipyard.trainer.microbatch.plan_micro_batches` gives each rank the same
-  number of micro-batches (a rank with fewer runs zero-weight filler ones), so FSDP's collectives
-  line up.
+- :func:`~shipyard.trainer.microbatch.plan_micro_batches` deals a step's trajectories to ranks
+  (balanced by tokens, the same on every rank) and gives each rank the same number of
+  micro-batches (a rank with fewer runs zero-weight filler ones), so FSDP's collectives line up.
 - :func:`full_params` gathers every parameter whole (a collective), as CPU tensors named as in
   the unwrapped model: what a published version holds. :func:`rank_tensors` splits them into the
   share each rank encodes and uploads (sharded publishing; rank 0 writes the one manifest).
@@ -35,7 +34,6 @@ from typing import Any
 
 import torch
 
-from shipyard.agent.types import Trajectory
 from shipyard.config.schema import FsdpConfig
 from shipyard.models.router_replay import RouterSeam
 from shipyard.trainer.mismatch import MismatchAccumulator
@@ -169,22 +167,6 @@ def _checkpoint_blocks(model: Any) -> None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def rank_split(trajectories: list[Trajectory], world: int) -> list[list[int]]:
-    """Indices of the trajectories each rank trains, balanced by token count: longest first, each
-    to the rank with the fewest tokens so far (ties to the lower rank). Each rank's list stays
-    longest first, so its micro-batches hold sequences of similar length and pad little (on a CPU, a
-    synthetic step of 22 sessions of mixed lengths took about 10% less time than in arrival order).
-    Deterministic, so every rank computes the same split."""
-    loads = [0] * world
-    split: list[list[int]] = [[] for _ in range(world)]
-    order = sorted(range(len(trajectories)), key=lambda i: (-len(trajectories[i].token_ids), i))
-    for i in order:
-        r = min(range(world), key=lambda k: (loads[k], len(split[k]), k))
-        split[r].append(i)
-        loads[r] += len(trajectories[i].token_ids)
-    return split
 
 
 def rank_tensors(tensors: dict[str, torch.Tensor], world: int) -> list[list[str]]:

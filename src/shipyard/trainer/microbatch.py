@@ -1,7 +1,7 @@
 """How a step's sequences are cut into micro-batches, so that a group's shared prompt runs once.
 
 Contract of :func:`plan_micro_batches` (a list of :class:`MicroBatch`, indices and shared prefix):
-- Every rank gets its share of :func:`~shipyard.trainer.distributed.rank_split` and the same number
+- Every rank gets its share of :func:`rank_split` and the same number
   of micro-batches (padded with empty ones: a rank out of rows runs a zero-weight filler pass);
   every index appears exactly once over all ranks; no micro-batch holds more than ``micro_batch``
   rows, nor, with a ``token_budget``, more than that many padded tokens (rows × its longest row's
@@ -40,7 +40,6 @@ from typing import NamedTuple
 import numpy as np
 
 from shipyard.agent.types import Trajectory
-from shipyard.trainer.distributed import rank_split
 
 MIN_SHARED_PREFIX = 16
 """Shorter shared prefixes run with their rows (a second decoder call costs more than it saves)."""
@@ -79,13 +78,30 @@ def forwarded_tokens(seqs: Sequence[Sequence[int]], share_prefix: bool) -> int:
     return prefix + len(seqs) * (longest - prefix)
 
 
+def rank_split(trajectories: list[Trajectory], world: int) -> list[list[int]]:
+    """Indices of the trajectories each rank trains, balanced by token count: longest first, each
+    to the rank with the fewest tokens so far (ties to the lower rank). Each rank's list stays
+    longest first, so its micro-batches hold sequences of similar length and pad little (on a CPU, a
+    synthetic step of 22 sessions of mixed lengths took about 10% less time than in arrival order).
+    Deterministic, so every rank computes the same split."""
+    loads = [0] * world
+    split: list[list[int]] = [[] for _ in range(world)]
+    order = sorted(range(len(trajectories)), key=lambda i: (-len(trajectories[i].token_ids), i))
+    for i in order:
+        r = min(range(world), key=lambda k: (loads[k], len(split[k]), k))
+        split[r].append(i)
+        loads[r] += len(trajectories[i].token_ids)
+    return split
+
+
 def _fits(rows: int, longest: int, token_budget: int) -> bool:
     """Whether ``rows`` rows padded to ``longest`` fit ``token_budget`` (0: no budget; one row always)."""
     return token_budget == 0 or rows == 1 or rows * longest <= token_budget
 
 
-def _slices(lengths: list[int], micro_batch: int, token_budget: int) -> list[tuple[int, int]]:
-    """Consecutive runs ``[i, j)`` of ``lengths`` (longest first), each as long as both caps allow."""
+def length_runs(lengths: Sequence[int], micro_batch: int, token_budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[i, j)`` of ``lengths`` (longest first), each as long as both caps allow:
+    the micro-batches without prefix sharing (and the fleet simulator's trainer cost)."""
     runs, i = [], 0
     while i < len(lengths):
         j = i + 1
@@ -146,7 +162,7 @@ def _length_runs(
     trajectories: list[Trajectory], mine: list[int], micro_batch: int, token_budget: int
 ) -> list[list[int]]:
     lengths = [len(trajectories[i].token_ids) for i in mine]  # rank_split lists them longest first
-    return [mine[a:b] for a, b in _slices(lengths, micro_batch, token_budget)]
+    return [mine[a:b] for a, b in length_runs(lengths, micro_batch, token_budget)]
 
 
 def plan_micro_batches(

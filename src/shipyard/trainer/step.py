@@ -197,7 +197,7 @@ def train_step(
 
     In a trainer group (``ranks.world > 1``, ``model`` sharded by
     :func:`~shipyard.trainer.distributed.shard_policy`) every rank passes the whole step's batch
-    and trains its share (:func:`~shipyard.trainer.distributed.rank_split`); every micro-batch runs
+    and trains its share (:func:`~shipyard.trainer.microbatch.rank_split`); every micro-batch runs
     a backward so the ranks' collectives line up; rank 0 returns the metrics of the whole step."""
     norm = _check_batch(trajectories, advantages, cfg, ref_model)
     cfg = _resolve_precision(cfg, next(model.parameters()).device.type)
