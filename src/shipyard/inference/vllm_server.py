@@ -109,7 +109,11 @@ class VllmProcess:
         ]
         src = str(Path(__file__).resolve().parents[2])  # Shipyard's sources, for the worker extension
         path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-        self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path, **(env or {})}
+        # vLLM 0.32's AOT-compiled artifact does not load back with this torch ("'function' object has no
+        # attribute 'finalize_loading'"), so every start compiled again (~65 s here); without it inductor's
+        # cache serves a restart (~18 s). The caller's environment or `env` can set it back to 1.
+        aot = {"VLLM_USE_AOT_COMPILE": "0"}
+        self.env = {**aot, **os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     @property
