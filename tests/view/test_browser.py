@@ -29,6 +29,8 @@ from .conftest import ROOT, overrides
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
+expect = playwright.expect
+WAIT_MS = 15_000  # how long a count may take to settle after a click or a filter (a slow, shared machine)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
 
@@ -107,21 +109,22 @@ def test_a_rollout_opens_with_tool_calls_summaries_diff_and_tokens(viewer, page,
     page.select_option("[data-testid=filter-family]", "long")
     expert = tiny_run[1][0]
     page.wait_for_selector(f'tr[data-rollout-id="{expert}"]')
-    assert page.locator("[data-testid=rollout-table] tr[data-rollout-id]").count() == 2
+    # the expert row was already listed before the filter: wait for the filtered table, not for it
+    expect(page.locator("[data-testid=rollout-table] tr[data-rollout-id]")).to_have_count(2, timeout=WAIT_MS)
     page.click(f'tr[data-rollout-id="{expert}"]')
     page.wait_for_selector("[data-testid=segment]")
-    assert page.locator("[data-testid=segment]").count() == 4
+    expect(page.locator("[data-testid=segment]")).to_have_count(4, timeout=WAIT_MS)
     calls = page.locator("[data-testid=tool-call]").all_inner_texts()
     assert any("cat part_00.py" in c for c in calls) and any("solution.py" in c for c in calls)
     assert "$ cat part_00.py" in page.locator("[data-testid=tool-output]").first.inner_text()
-    assert page.locator("[data-testid=turn][data-role=summary]").count() == 3
+    expect(page.locator("[data-testid=turn][data-role=summary]")).to_have_count(3, timeout=WAIT_MS)
     diff = page.inner_text("[data-testid=diff]")
     assert "+++ b/solution.py" in diff and "+def process_value(x):" in diff
     assert "passed" in page.inner_text("[data-testid=grade]")
     page.select_option("[data-testid=token-mode]", "logprob")
     page.wait_for_selector("span.tok")
     sampled = RunReader(tiny_run[0]).rollout(expert)["sampled"]
-    assert page.locator("span.tok").count() == sampled
+    expect(page.locator("span.tok")).to_have_count(sampled, timeout=WAIT_MS)
     assert "long-00000" in page.inner_text("[data-testid=rollout-header]")
     _no_traceback(page)
 

@@ -6,7 +6,8 @@ Contract:
   prefill of their own (attention mask, position ids counted from each row's first real token), and their KV
   cache is left-padded to the running cache's length (or the running cache to theirs) and joined to it, so a
   straggler never holds back the requests behind it. Each step decodes one token for every running row on a
-  transformers ``DynamicCache``. :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP
+  transformers ``DynamicCache`` whose full-attention layers grow in place (``kv_slack`` spare positions,
+  :mod:`shipyard.inference.kv_cache`; 0: transformers' ``torch.cat`` of the whole cache a step). :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP
   server's scheduler feeds ``serve`` from its queue. Each row has its own temperature, top-p, max_tokens,
   stop strings and ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a
   seeded request draws the same random numbers whatever else shares its batch.
@@ -17,9 +18,8 @@ Contract:
 - A row ends on an EOS id (``tokenizer.eos_token_id`` and ``generation_config.eos_token_id``) ->
   ``"eos"``; when a stop string appears in its decoded generated text -> ``"stop"`` (the token
   that completed it is kept, nothing after it); on ``max_tokens`` or the model's context limit ->
-  ``"length"``. Finished rows leave the batch and the KV cache at once (``DynamicCache`` already
-  copies the cache on every step, so a compaction costs about one step's cache update), and
-  leading padding columns no remaining row needs are cut from the cache.
+  ``"length"``. Finished rows leave the batch and the KV cache at once (a compaction copies the kept
+  rows' cache once), and leading padding columns no remaining row needs are cut from the cache.
 - Prefix cache (``prefix_cache_mb > 0``, in the model's device memory; off in deterministic mode,
   for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
   and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
@@ -55,8 +55,8 @@ Limits: one ``serve``/``generate`` runs at a time (calls from several threads ar
 scheduler is the one caller that batches threads); requests are admitted in the order ``take`` gives them
 (priorities and preemption are the scheduler's: a row whose ``cancelled`` hook turns true leaves at the next
 step boundary, before admissions); a joined row pads the shorter cache to the longer one, so a long prompt
-admitted next to short rows costs them attention over its padding until it finishes; a model with caches
-other than plain ``DynamicLayer`` (sliding windows) admits only into an empty batch (static batching); stop
+admitted next to short rows costs them attention over its padding until it finishes; a model with
+sliding-window cache layers admits only into an empty batch (static batching); stop
 strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
 one device (the CPU or one GPU: the model, its KV cache and the prefix cache live there; sampling and
 the rows' masks stay on the CPU). The file is long (~850 lines) because the batch's cache layout
@@ -88,9 +88,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from shipyard.inference.attention import use_packed_decode
+from shipyard.inference.kv_cache import SLACK, full_attention, slack_cache
 from shipyard.inference.packed import can_pack, pack_linears
 from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.sampling import adjust_logits, sample_tokens, top_logprobs
@@ -183,11 +183,6 @@ def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Ten
         target_P[torch.unravel_index(idx_C.to(target_P.device), target_P.shape)] = values
 
 
-def _full_attention(cache: DynamicCache) -> bool:
-    """Every layer keeps all positions (no sliding window): rows can be joined, cut and reused."""
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     """``x`` with zeros prepended along ``dim`` up to ``width``."""
     missing = width - x.shape[dim]
@@ -240,8 +235,8 @@ class _Batch:
         self.top_p_B = torch.cat([self.top_p_B, other.top_p_B])
 
     def joinable(self) -> bool:
-        """Whether rows can join: every cache layer is a plain (full-attention) ``DynamicLayer``."""
-        return _full_attention(self.cache)
+        """Whether rows can join: every cache layer keeps all positions (full attention)."""
+        return full_attention(self.cache)
 
     def mask(self) -> torch.Tensor | None:
         """The attention mask, or None when no row has padding (lets SDPA take its causal path)."""
@@ -287,6 +282,7 @@ class EmbeddedEngine:
         deterministic: bool = False,
         prefix_cache_mb: int = 0,
         packed: bool = False,
+        kv_slack: int = SLACK,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
@@ -298,6 +294,8 @@ class EmbeddedEngine:
         """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.packed`), repacked after each apply."""
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.kv_slack = kv_slack
+        """Spare positions per KV-cache buffer (:mod:`shipyard.inference.kv_cache`); 0: ``torch.cat`` a step."""
         self.deterministic = deterministic
         self.seam = self._route_seam(model, record_routes)
         self.prefix = (
@@ -305,7 +303,7 @@ class EmbeddedEngine:
             if prefix_cache_mb > 0
             and not deterministic
             and self.seam is None
-            and _full_attention(DynamicCache(config=model.config))
+            and full_attention(DynamicCache(config=model.config))
             else None
         )
         self._epoch = 0
@@ -706,7 +704,7 @@ class EmbeddedEngine:
             attn_BT[b, width - len(prompt) :] = 1
         pos_BT = (attn_BT.cumsum(dim=1) - 1).masked_fill(attn_BT == 0, 0)
         t0 = time.perf_counter()
-        cache = DynamicCache(config=self.model.config)
+        cache = slack_cache(self.model.config, self.kv_slack)
         plan = self._prompt_plan(requests, width)
         with nullcontext() if plan is None or self.seam is None else self.seam.plan(plan, replay=True):
             out = self.model(
@@ -737,7 +735,7 @@ class EmbeddedEngine:
         n_B = [len(hit.tokens) for _, hit in warm]
         m_B = [len(row.request.prompt_ids) - n for (row, _), n in zip(warm, n_B, strict=True)]
         width_n, width_m = max(n_B), max(m_B)
-        cache = DynamicCache(config=self.model.config)
+        cache = slack_cache(self.model.config, self.kv_slack)
         for i in range(len(warm[0][1].keys_HND)):
             keys_BHND = torch.stack([_left_pad(hit.keys_HND[i], width_n, 1) for _, hit in warm])
             values_BHND = torch.stack([_left_pad(hit.values_HND[i], width_n, 1) for _, hit in warm])
