@@ -163,14 +163,15 @@ def test_the_dashboard_follows_a_live_run(browser, tmp_path: Path) -> None:
                 str(ROOT / "configs/tiny.toml"),
                 *overrides(tmp_path, "trainer.steps=4"),
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=(tmp_path / "more.log").open("wb"),
+            stderr=subprocess.STDOUT,
         )
-        try:
-            page.wait_for_selector('[data-testid=chart-reward][data-points="3"]', timeout=120_000)
-            page.wait_for_selector('[data-testid=chart-reward][data-points="4"]', timeout=120_000)
+        points = "Number(document.querySelector('[data-testid=chart-reward]').dataset.points)"
+        try:  # at least 3: on a loaded machine one poll may bring steps 3 and 4 together
+            page.wait_for_function(f"{points} >= 3", timeout=300_000)
+            page.wait_for_selector('[data-testid=chart-reward][data-points="4"]', timeout=300_000)
         finally:
-            assert more.wait(120) == 0
+            assert more.wait(300) == 0, (tmp_path / "more.log").read_text()[-3000:]
         train_recs = [r for r in read_metrics(tmp_path / "tiny/metrics.jsonl") if r.get("kind") == "train"]
         assert _chart(page, "reward")[1] == pytest.approx([r["reward/mean"] for r in train_recs])
         assert page.evaluate("performance.getEntriesByType('navigation').length") == 1, "no reload"
