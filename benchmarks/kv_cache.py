@@ -126,7 +126,7 @@ def main() -> int:
     harness.write_results(
         args,
         "kv_cache",
-        {"positions": args.positions, "slack": SLACK, "dtype": engine.precision, "cases": figures},
+        {"positions": args.positions, "slack": SLACK, "precision": engine.precision, "cases": figures},
     )
     return 0 if identical else 1
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import MistralConfig
 from transformers.cache_utils import DynamicLayer
 
 from shipyard.config.schema import ModelConfig
@@ -68,8 +69,6 @@ def test_slack_cache_keeps_sliding_window_layers_as_they_are() -> None:
     cache = slack_cache(dense.config)
     assert all(type(layer) is SlackLayer for layer in cache.layers) and full_attention(cache)
     assert all(type(layer) is DynamicLayer for layer in slack_cache(dense.config, 0).layers)
-    from transformers import MistralConfig
-
     sliding = MistralConfig(
         vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, sliding_window=8,

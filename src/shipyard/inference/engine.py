@@ -7,8 +7,9 @@ Contract:
   cache is left-padded to the running cache's length (or the running cache to theirs) and joined to it, so a
   straggler never holds back the requests behind it. Each step decodes one token for every running row on a
   transformers ``DynamicCache`` whose full-attention layers grow in place (``kv_slack`` spare positions,
-  :mod:`shipyard.inference.kv_cache`; 0: transformers' ``torch.cat`` of the whole cache a step). :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP
-  server's scheduler feeds ``serve`` from its queue. Each row has its own temperature, top-p, max_tokens,
+  :mod:`shipyard.inference.kv_cache`; 0: transformers' ``torch.cat`` of the whole cache a step).
+  :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP server's scheduler feeds ``serve``
+  from its queue. Each row has its own temperature, top-p, max_tokens,
   stop strings and ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a
   seeded request draws the same random numbers whatever else shares its batch.
 - Temperature 0 is greedy (argmax). The logprob reported for a sampled token is

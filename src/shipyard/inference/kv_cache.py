@@ -20,7 +20,7 @@ Shape legend: B = rows, KV = key/value heads, T = cached positions, N = position
 
 Example::
 
-    cache = slack_cache(model.config)          # a DynamicCache, or None for a sliding-window model
+    cache = slack_cache(model.config)  # SlackLayer layers; a sliding-window model keeps transformers' own
     out = model(input_ids=ids_BT, past_key_values=cache, use_cache=True)
 """
 
