@@ -88,7 +88,15 @@ def test_bad_parameters_are_refused_by_name(oai: openai.OpenAI, served) -> None:
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"n": 5}, "n"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"extra_body": {"guided_json": {}}}, "guided_json"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),

@@ -12,8 +12,14 @@ it, never silently ignored:
   ``top_logprobs`` (<= 20), ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
   ``stream`` with ``stream_options.include_usage``, and ``user`` (an end-user id: recorded by a
   gateway, it does not change sampling); ``null`` means "not given" for every optional field;
-- refused: ``tools``, ``functions``, ``response_format`` other than text, ``audio``, ... (the
-  engine cannot constrain or call tools), and any unknown field.
+- tools: ``tools`` (function tools), ``tool_choice`` (``auto``, ``none``, ``required``, a named
+  function) and ``parallel_tool_calls`` (false keeps the first call), messages with ``tool_calls``
+  and ``tool`` messages: rendered and parsed as :mod:`shipyard.inference.tools` says; a reply with
+  calls comes back as ``message.tool_calls`` with ``finish_reason`` ``tool_calls`` (streamed: the
+  content before the first call as it arrives, each call whole in one delta at the end); a reply
+  that does not parse comes back as content and is counted (``/stats`` ``tool_parse_failures``);
+- refused: ``functions``, ``response_format`` other than text, ``audio``, ... (the engine cannot
+  constrain output), a role outside system/developer/user/assistant/tool, and any unknown field.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the matching
 status (400 invalid request, 404 unknown model or route, 503 shutting down, 500 engine failure).
@@ -25,23 +31,23 @@ gateway logs them: :mod:`shipyard.online.gateway`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shipyard.inference import tools as tool_calls
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 
 UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "parallel_tool_calls",
     "response_format",
     "audio",
     "modalities",
@@ -102,9 +108,12 @@ class ChatCompletionBody(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
-NO_OPS: dict[str, Any] = {"tool_choice": "none", "tools": [], "response_format": {"type": "text"}}
+NO_OPS: dict[str, Any] = {"response_format": {"type": "text"}}
 """Values of unsupported fields that ask for nothing this server lacks (accepted)."""
 
 
@@ -118,33 +127,54 @@ def _check_extra(body: ChatCompletionBody) -> None:
             raise OpenAIError(
                 400,
                 f"{name} is not supported by this server (the embedded engine samples free text; "
-                "it cannot call tools or constrain output)",
+                "it cannot constrain output)",
                 name,
             )
 
 
-def _messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Messages with list-form content joined into text; a non-text part is refused by position."""
-    out = []
-    for i, m in enumerate(messages):
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
-                    raise OpenAIError(
-                        400, "only text content parts are supported", f"messages[{i}].content[{j}]"
-                    )
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise OpenAIError(400, "a message needs a string role and text content", f"messages[{i}]")
-        out.append({"role": m["role"], "content": content})
-    return out
+@dataclass
+class ChatPlan:
+    """How one chat request is answered besides its engine requests: stop strings and tools."""
+
+    stop: list[str]
+    tool_format: tool_calls.ToolFormat | None = None
+    """Set when the reply is parsed for tool calls (tools given, ``tool_choice`` not ``none``)."""
+    forced: str = ""
+    """Text prefilled as the reply's start (``tool_choice`` required or named; its ids end the prompt)."""
+    parallel: bool = True
+    """``parallel_tool_calls``: False keeps the first call of a reply."""
+
+
+def _prompt(body: ChatCompletionBody, tokenizer: Any) -> tuple[list[int], ChatPlan | None]:
+    """The prompt ids of ``body``'s messages (with the tool template where tools are involved) and
+    the tool part of its plan (None without tools)."""
+    try:
+        messages = tool_calls.chat_messages(body.messages)
+        tools = tool_calls.check_tools(body.tools or [], body.tool_choice)
+    except ValueError as e:
+        raise OpenAIError(400, str(e), str(e).split(":")[0]) from e
+    uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    kwargs: dict[str, Any] = {}
+    plan = None
+    if uses_tools:
+        try:
+            template = tool_calls.tool_template(tokenizer)
+            forced = tool_calls.forced_prefix(body.tool_choice, template.format) if tools else ""
+        except ValueError as e:
+            raise OpenAIError(400, str(e), "tools") from e
+        kwargs = {"chat_template": template.template, "tools": tools or None}
+        parse = bool(tools) and body.tool_choice != "none"
+        plan = ChatPlan([], template.format if parse else None, forced, body.parallel_tool_calls is not False)
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
+        )["input_ids"]
+    except Exception as e:  # template errors come from malformed messages
+        raise OpenAIError(400, f"chat template failed on these messages: {e}", "messages") from e
+    prompt = list(ids)
+    if plan is not None and plan.forced:
+        prompt += tokenizer(plan.forced, add_special_tokens=False).input_ids
+    return prompt, plan
 
 
 def choice_seed(seed: int | None, i: int) -> int | None:
@@ -156,8 +186,8 @@ def choice_seed(seed: int | None, i: int) -> int | None:
 
 def chat_requests(
     body: ChatCompletionBody, tokenizer: Any, served: str, context: int, max_n: int
-) -> tuple[list[GenerateRequest], list[str]]:
-    """The engine requests of ``body`` (one per choice) and its stop strings; OpenAIError if invalid."""
+) -> tuple[list[GenerateRequest], ChatPlan]:
+    """The engine requests of ``body`` (one per choice) and its plan; OpenAIError if invalid."""
     _check_extra(body)
     if body.model is not None and body.model != served:
         raise OpenAIError(
@@ -170,16 +200,7 @@ def chat_requests(
         raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     if body.logprobs and body.stream:
         raise OpenAIError(400, "logprobs are not streamed by this server; ask without stream", "logprobs")
-    try:
-        prompt = list(
-            tokenizer.apply_chat_template(
-                _messages(body.messages), add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
-        )
-    except OpenAIError:
-        raise
-    except Exception as e:  # template errors come from malformed messages
-        raise OpenAIError(400, f"chat template failed on these messages: {e}", "messages") from e
+    prompt, plan = _prompt(body, tokenizer)
     room = context - len(prompt)
     asked = body.max_completion_tokens or body.max_tokens
     if room < 1 or (asked is not None and asked > room):
@@ -203,7 +224,8 @@ def chat_requests(
         logit_bias=bias,
     )
     params = [SamplingParams(**{**base.__dict__, "seed": choice_seed(body.seed, i)}) for i in range(n)]
-    return [GenerateRequest(prompt_ids=prompt, params=p) for p in params], stop
+    plan = dataclasses.replace(plan, stop=stop) if plan is not None else ChatPlan(stop)
+    return [GenerateRequest(prompt_ids=prompt, params=p) for p in params], plan
 
 
 def _is_int(key: str, param: str) -> bool:
@@ -235,6 +257,29 @@ def _finish(res: GenerateResult) -> str:
     return {"length": "length", "abort": "abort"}.get(res.finish_reason, "stop")
 
 
+def reply(tokenizer: Any, res: GenerateResult, plan: ChatPlan) -> tuple[dict[str, Any], str, bool | None]:
+    """One choice's assistant message, its finish reason, and whether its tool calls parsed (None:
+    not parsed for tools, or nothing in it looked like a call)."""
+    text = visible_text(tokenizer, res.token_ids, res.finish_reason, plan.stop)
+    finish = _finish(res)
+    if plan.tool_format is None:
+        return {"role": "assistant", "content": text}, finish, None
+    parsed = tool_calls.parse_tool_calls(plan.forced + text, plan.tool_format)
+    if not parsed.tool_calls:
+        tried = bool(plan.forced) or not parsed.ok
+        return {"role": "assistant", "content": plan.forced + text}, finish, False if tried else None
+    calls = parsed.tool_calls if plan.parallel else parsed.tool_calls[:1]
+    message = {"role": "assistant", "content": parsed.content, "tool_calls": [c.to_openai() for c in calls]}
+    return message, "tool_calls" if finish == "stop" else finish, True
+
+
+def count_tools(counts: dict[str, int] | None, parsed: bool | None) -> None:
+    """Add one reply's outcome to a server's tool counters (``tool_calls_parsed``/``tool_parse_failures``)."""
+    if counts is not None and parsed is not None:
+        key = "tool_calls_parsed" if parsed else "tool_parse_failures"
+        counts[key] = counts.get(key, 0) + 1
+
+
 def _logprobs(tokenizer: Any, res: GenerateResult, top: bool) -> dict[str, Any]:
     def entry(tok: int, lp: float) -> dict[str, Any]:
         text = tokenizer.decode([tok])
@@ -258,19 +303,20 @@ def chat_response(
     served: str,
     prompt_ids: list[int],
     results: list[GenerateResult],
-    stop: list[str],
+    plan: ChatPlan,
+    counts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """The non-streamed response; ``counts`` gains the replies' tool-call outcomes."""
     prompt_len = len(prompt_ids)
     choices = []
     for i, res in enumerate(results):
+        message, finish, parsed = reply(tokenizer, res, plan)
+        count_tools(counts, parsed)
         choices.append(
             {
                 "index": i,
-                "message": {
-                    "role": "assistant",
-                    "content": visible_text(tokenizer, res.token_ids, res.finish_reason, stop),
-                },
-                "finish_reason": _finish(res),
+                "message": message,
+                "finish_reason": finish,
                 "logprobs": _logprobs(tokenizer, res, bool(body.top_logprobs)) if body.logprobs else None,
                 "shipyard": _extension(res),
             }
@@ -295,16 +341,24 @@ class StreamText:
     """One choice's streamed text: what may be sent now without leaking part of a stop string or a
     half-decoded character, and the final remainder."""
 
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
-        self.tok, self.stop = tokenizer, stop
+    def __init__(self, tokenizer: Any, plan: ChatPlan) -> None:
+        self.tok, self.stop = tokenizer, plan.stop
         self.ids: list[int] = []
         self.sent = ""
-        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.marker = "" if plan.tool_format != "hermes" or plan.forced else tool_calls.HERMES_START
+        """Text is sent only up to where this could start (Hermes calls go out whole at the end)."""
+        self.held = plan.tool_format is not None and not self.marker
+        """Nothing is sent before the end (a llama3_json reply, or one prefilled as a call)."""
 
     def add(self, token: int) -> str:
         self.ids.append(token)
+        if self.held:
+            return ""
         text = _decode(self.tok, self.ids)
         ready = text[: len(text) - self.hold] if self.hold else text
+        if self.marker:
+            ready = _before_marker(ready, self.marker)
         ready = ready.rstrip("\ufffd")  # a character whose bytes have not all arrived
         if (
             any(s in text for s in self.stop)
@@ -315,13 +369,24 @@ class StreamText:
         delta, self.sent = ready[len(self.sent) :], ready
         return delta
 
-    def rest(self, final: str) -> str:
+    def rest(self, final: str | None) -> str:
         """What is left to send of ``final``: past what was sent (past the common prefix, should a
         decode ever rewrite sent text)."""
+        final = final or ""
         common = 0
         while common < min(len(final), len(self.sent)) and final[common] == self.sent[common]:
             common += 1
         return final[common:]
+
+
+def _before_marker(text: str, marker: str) -> str:
+    """``text`` up to where ``marker`` starts in it, or could start at its end."""
+    if marker in text:
+        return text[: text.index(marker)]
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return text[:-k]
+    return text
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -334,7 +399,8 @@ async def stream_chunks(
     body: ChatCompletionBody,
     served: str,
     prompt_ids: list[int],
-    stop: list[str],
+    plan: ChatPlan,
+    counts: dict[str, int] | None = None,
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed completion: a role chunk per choice, content deltas as tokens
     arrive (``(choice, token)`` events), a finish chunk per choice when the results arrive (with the
@@ -359,7 +425,7 @@ async def stream_chunks(
             }
         )
 
-    texts = [StreamText(tokenizer, stop) for _ in range(n)]
+    texts = [StreamText(tokenizer, plan) for _ in range(n)]
     for i in range(n):
         yield chunk(i, {"role": "assistant", "content": ""})
     async for event in events:
@@ -369,10 +435,13 @@ async def stream_chunks(
                 yield chunk(i, {"content": delta})
             continue
         for i, res in enumerate(event):
-            final = visible_text(tokenizer, res.token_ids, res.finish_reason, stop)
-            if rest := texts[i].rest(final):
+            message, finish, parsed = reply(tokenizer, res, plan)
+            count_tools(counts, parsed)
+            if rest := texts[i].rest(message["content"]):
                 yield chunk(i, {"content": rest})
-            yield chunk(i, {}, _finish(res), shipyard=_extension(res))
+            for k, call in enumerate(message.get("tool_calls", [])):
+                yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+            yield chunk(i, {}, finish, shipyard=_extension(res))
         if body.stream_options is not None and body.stream_options.include_usage:
             done = sum(len(r.token_ids) for r in event)
             usage = {

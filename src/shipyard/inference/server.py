@@ -17,7 +17,8 @@ Contract:
   with ``finish_reason`` ``abort``), and joins both threads.
 
 Limits: the chat ``content`` is cut before the stop string (OpenAI style) while
-``shipyard.token_ids`` keep the token that completed it; no tool calling or constrained output.
+``shipyard.token_ids`` keep the token that completed it; tool calls are parsed, not constrained
+(:mod:`shipyard.inference.tools`); no constrained output (``response_format``).
 
 Shape legend: no tensors here (token ids travel as lists).
 """
@@ -44,6 +45,7 @@ from shipyard.config.schema import ScavengeConfig
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.openai_api import (
     ChatCompletionBody,
+    ChatPlan,
     OpenAIError,
     chat_requests,
     chat_response,
@@ -147,6 +149,7 @@ def create_app(
     app = FastAPI(title="shipyard inference", lifespan=lifespan)
     app.state.scheduler, app.state.engine = scheduler, engine
     app.state.stats_hooks = []  # callables adding to /stats (the embedded node: its adoptions)
+    app.state.tool_counts = {"tool_calls_parsed": 0, "tool_parse_failures": 0}
     _errors_in_openai_shape(app)
 
     @app.post("/generate")
@@ -165,11 +168,13 @@ def create_app(
     async def chat_completions(
         body: ChatCompletionBody, request: Request
     ) -> dict[str, Any] | StreamingResponse:
-        requests, stop = chat_requests(body, engine.tokenizer, name, engine.max_positions, max_n)
+        requests, plan = chat_requests(body, engine.tokenizer, name, engine.max_positions, max_n)
         if body.stream:
-            return _stream(scheduler, requests, body, engine.tokenizer, name, stop)
+            return _stream(scheduler, requests, body, engine.tokenizer, name, plan, app.state.tool_counts)
         results = await _results(_submit(scheduler, requests), request)
-        return chat_response(engine.tokenizer, body, name, requests[0].prompt_ids, results, stop)
+        return chat_response(
+            engine.tokenizer, body, name, requests[0].prompt_ids, results, plan, app.state.tool_counts
+        )
 
     _add_info_routes(app, scheduler, name)
     return app
@@ -181,7 +186,8 @@ def _stream(
     body: ChatCompletionBody,
     tok: Any,
     name: str,
-    stop: list[str],
+    plan: ChatPlan,
+    counts: dict[str, int],
 ) -> StreamingResponse:
     """Submit now (so a refusal is a plain error), stream as tokens arrive; a client that goes away
     closes the generator, which cancels the requests."""
@@ -207,7 +213,7 @@ def _stream(
 
     async def body_iter() -> AsyncIterator[str]:
         try:
-            async for chunk in stream_chunks(events(), tok, body, name, requests[0].prompt_ids, stop):
+            async for chunk in stream_chunks(events(), tok, body, name, requests[0].prompt_ids, plan, counts):
                 yield chunk
         except Exception as e:  # after the 200 headers: an error event, which the client raises as APIError
             status = 503 if isinstance(e, SchedulerClosed) else 500
@@ -255,6 +261,7 @@ def _add_info_routes(app: FastAPI, scheduler: BatchScheduler, name: str) -> None
             "precision": engine.precision,
             "prefix_cache_entries": 0 if cache is None else len(cache),
             "prefix_cache_bytes": 0 if cache is None else cache.nbytes,
+            **app.state.tool_counts,
             **({"tiers": scheduler.tier_stats.as_dict()} if scheduler.scavenge is not None else {}),
             **{k: v for hook in app.state.stats_hooks for k, v in hook().items()},
         }

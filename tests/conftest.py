@@ -1,0 +1,89 @@
+"""Fixtures shared by every test directory: a tiny model taught fixed replies (tool calls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from shipyard.config.schema import ModelConfig
+from shipyard.inference.tools import tool_template
+from shipyard.models.loading import load_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the workspace",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+"""The tool the taught model calls."""
+
+CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+"""What the taught model answers to a user turn (a Hermes tool call)."""
+
+DONE = "All done."
+"""What the taught model answers after a tool response."""
+
+
+def teach(model: Any, tok: Any, examples: list[tuple[list[int], list[int]]], steps: int = 100) -> Any:
+    """Train ``model`` (fp32, in place) until it answers each ``(prompt_ids, reply_ids)`` greedily;
+    returns it in eval mode."""
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        for prompt, reply in examples:
+            ids = torch.tensor([prompt + reply])
+            labels = ids.clone()
+            labels[0, : len(prompt)] = -100
+            model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+    model.eval()
+    return model
+
+
+def tool_examples(tok: Any) -> list[tuple[list[int], list[int]]]:
+    """The taught replies: a user turn gets :data:`CALL`, a tool response gets :data:`DONE`."""
+    template = tool_template(tok).template
+    user = [{"role": "user", "content": "Look at a.py"}]
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"type": "function", "function": {"name": "read_file", "arguments": {"path": "a.py"}}}
+        ],
+    }
+    after = [*user, call, {"role": "tool", "content": "print(1)", "tool_call_id": "x"}]
+
+    def ids(messages: list[dict[str, Any]]) -> list[int]:
+        return list(
+            tok.apply_chat_template(
+                messages,
+                tools=TOOLS,
+                chat_template=template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+
+    def reply(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+    return [(ids(user), reply(CALL)), (ids(after), reply(DONE))]
+
+
+@pytest.fixture(scope="session")
+def taught_model() -> tuple[Any, Any]:
+    """The tiny dense model taught :func:`tool_examples` (greedy replies: a tool call, then "All done.")."""
+    model, tok = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
+    return teach(model, tok, tool_examples(tok)), tok
