@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from tests.conftest import CALL, DONE, TOOLS
 
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.openai_api import ChatPlan, reply
@@ -21,7 +22,6 @@ from shipyard.inference.tools import (
     tool_template,
 )
 from shipyard.inference.types import GenerateResult
-from tests.conftest import CALL, DONE, TOOLS
 
 USER = [{"role": "user", "content": "Look at a.py"}]
 
