@@ -306,6 +306,41 @@ class RemoteSandboxConfig(_Section):
     """How long to wait for a new instance to report ready."""
 
 
+class HarnessConfig(_Section):
+    """The harness that plays each session (docs/harnesses.md)."""
+
+    type: Literal["builtin", "command"] = "builtin"
+    """`builtin`: Shipyard's own markdown-action agent (`shipyard.agent.session`); `command`: any
+    program, started once per session inside the session's sandbox, that calls the model through
+    its session's OpenAI-compatible endpoint (`shipyard.agent.endpoint`)."""
+    command: str = ""
+    """`type = "command"`: the shell command line run in the sandbox's workspace. It gets
+    `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `SHIPYARD_MODEL`, `SHIPYARD_TASK` (the task's first
+    message; also in the file `$SHIPYARD_TASK_FILE`) and `SHIPYARD_WORKSPACE`."""
+    env: dict[str, str] = {}
+    """Extra environment variables of the harness's process (its own configuration)."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Wall time of one session: the harness and everything it started are killed after it."""
+    max_calls: int = Field(30, ge=1)
+    """Most model calls in one session; a call over it is answered with HTTP 400 `session_limit`."""
+    max_sampled_tokens: int = Field(8192, ge=1)
+    """Most tokens sampled in one session; a call's `max_tokens` is cut to what is left."""
+    max_context: int | None = Field(None, ge=64)
+    """Most tokens of one call's prompt and reply together (None: `agent.max_session_tokens`)."""
+    memory_mb: int = Field(2048, ge=64)
+    """Address-space limit per process of the harness's sandbox (an agent framework needs more than
+    `sandbox.memory_mb`)."""
+    honor_sampling: bool = False
+    """Use the harness's own temperature and top_p; False (RL's default) samples every call with
+    `sampling.temperature` and `sampling.top_p` whatever the harness asks."""
+
+    @model_validator(mode="after")
+    def _check(self) -> HarnessConfig:
+        if self.type == "command" and not self.command.strip():
+            raise ValueError('harness.command: give the command line to run when harness.type = "command"')
+        return self
+
+
 class SandboxConfig(_Section):
     timeout_s: float = Field(10.0, gt=0)
     """Wall-clock limit of one command in the sandbox; the whole process tree is killed."""
@@ -1127,6 +1162,8 @@ class ShipyardConfig(_Section):
     """Inference servers."""
     agent: AgentConfig = AgentConfig()
     """Agent harness limits."""
+    harness: HarnessConfig = HarnessConfig()
+    """The program that plays each session: the built-in agent or a command (docs/harnesses.md)."""
     sandbox: SandboxConfig = SandboxConfig()
     """Sandbox limits."""
     tasks: TasksConfig = TasksConfig()

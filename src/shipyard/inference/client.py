@@ -64,6 +64,17 @@ class HttpInferenceClient:
         assert len(results) == len(requests), "the server answered a different number of results"
         return results
 
+    async def agenerate(
+        self, requests: list[GenerateRequest], http: httpx.AsyncClient
+    ) -> list[GenerateResult]:
+        """:meth:`generate` on the caller's async client (its base URL this server's): cancelling the
+        awaiting task drops the connection, and the server stops the requests' rows."""
+        if self.priority is not None:
+            requests = [dataclasses.replace(r, priority=self.priority) for r in requests]
+        resp = await http.post("/generate", json={"requests": [r.to_json() for r in requests]})
+        _raise_for(resp)
+        return [GenerateResult.from_json(d) for d in resp.json()["results"]]
+
     def version(self) -> int:
         resp = self._http.get("/version")
         _raise_for(resp)

@@ -70,7 +70,10 @@ class OpenAIError(Exception):
         self.status, self.message, self.param, self.type = status, message, param, type_
 
     def body(self) -> dict[str, Any]:
-        code = {400: "invalid_request", 404: "not_found", 503: "unavailable", 500: "internal_error"}
+        code = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 502: "bad_gateway"}
+        code |= {503: "unavailable", 500: "internal_error"}
+        if self.type == "session_limit_exceeded":  # a session endpoint's limits (shipyard.agent.endpoint)
+            code[400] = "session_limit"
         return {
             "error": {
                 "message": self.message,
@@ -145,36 +148,56 @@ class ChatPlan:
     """``parallel_tool_calls``: False keeps the first call of a reply."""
 
 
-def _prompt(body: ChatCompletionBody, tokenizer: Any) -> tuple[list[int], ChatPlan | None]:
-    """The prompt ids of ``body``'s messages (with the tool template where tools are involved) and
-    the tool part of its plan (None without tools)."""
+@dataclass
+class ChatRender:
+    """How a chat request's messages become a prompt: template messages, the template's keyword
+    arguments (``chat_template``, ``tools``) and the tool part of the plan (None without tools)."""
+
+    messages: list[dict[str, Any]]
+    kwargs: dict[str, Any]
+    plan: ChatPlan | None
+
+    def text(self, tokenizer: Any, messages: list[dict[str, Any]] | None = None, gen: bool = True) -> str:
+        """The rendered text of ``messages`` (default: all), with the generation prompt if ``gen``."""
+        chat = self.messages if messages is None else messages
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=gen, tokenize=False, **self.kwargs)
+
+    def forced_ids(self, tokenizer: Any) -> list[int]:
+        """Ids of the prefilled reply opening (``tool_choice`` required or named; [] otherwise)."""
+        forced = self.plan.forced if self.plan is not None else ""
+        return tokenizer(forced, add_special_tokens=False).input_ids if forced else []
+
+
+def chat_render(body: ChatCompletionBody, tokenizer: Any) -> ChatRender:
+    """Validate ``body``'s messages and tools and say how to render them; OpenAIError naming the field."""
     try:
         messages = tool_calls.chat_messages(body.messages)
         tools = tool_calls.check_tools(body.tools or [], body.tool_choice)
     except ValueError as e:
         raise OpenAIError(400, str(e), str(e).split(":")[0]) from e
-    uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
-    kwargs: dict[str, Any] = {}
-    plan = None
-    if uses_tools:
-        try:
-            template = tool_calls.tool_template(tokenizer)
-            forced = tool_calls.forced_prefix(body.tool_choice, template.format) if tools else ""
-        except ValueError as e:
-            raise OpenAIError(400, str(e), "tools") from e
-        kwargs = {"chat_template": template.template, "tools": tools or None}
-        parse = bool(tools) and body.tool_choice != "none"
-        plan = ChatPlan([], template.format if parse else None, forced, body.parallel_tool_calls is not False)
+    if not (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)):
+        return ChatRender(messages, {}, None)
+    try:
+        template = tool_calls.tool_template(tokenizer)
+        forced = tool_calls.forced_prefix(body.tool_choice, template.format) if tools else ""
+    except ValueError as e:
+        raise OpenAIError(400, str(e), "tools") from e
+    parse = bool(tools) and body.tool_choice != "none"
+    plan = ChatPlan([], template.format if parse else None, forced, body.parallel_tool_calls is not False)
+    return ChatRender(messages, {"chat_template": template.template, "tools": tools or None}, plan)
+
+
+def _prompt(body: ChatCompletionBody, tokenizer: Any) -> tuple[list[int], ChatPlan | None]:
+    """The prompt ids of ``body``'s messages (with the tool template where tools are involved) and
+    the tool part of its plan (None without tools)."""
+    render = chat_render(body, tokenizer)
     try:
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
+            render.messages, add_generation_prompt=True, tokenize=True, return_dict=True, **render.kwargs
         )["input_ids"]
     except Exception as e:  # template errors come from malformed messages
         raise OpenAIError(400, f"chat template failed on these messages: {e}", "messages") from e
-    prompt = list(ids)
-    if plan is not None and plan.forced:
-        prompt += tokenizer(plan.forced, add_special_tokens=False).input_ids
-    return prompt, plan
+    return list(ids) + render.forced_ids(tokenizer), render.plan
 
 
 def choice_seed(seed: int | None, i: int) -> int | None:

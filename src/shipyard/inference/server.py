@@ -269,14 +269,22 @@ def _add_info_routes(app: FastAPI, scheduler: BatchScheduler, name: str) -> None
 
 class UvicornThread:
     """An ASGI ``app`` served by uvicorn in a background thread, on a socket bound here (port 0 picks
-    a free port, known once :meth:`start` returns). Also used by the online gateway."""
+    a free port, known once :meth:`start` returns; ``uds``: a unix socket at that path instead).
+    Also used by the online gateway and the session endpoints."""
 
     def __init__(
-        self, app: Any, host: str, port: int, graceful_s: int = 5, name: str = "shipyard-uvicorn"
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        graceful_s: int = 5,
+        name: str = "shipyard-uvicorn",
+        uds: str | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port={port} must be in [0, 65535]")
         self.app, self.host, self.port, self.graceful_s, self.name = app, host, port, graceful_s, name
+        self.uds = uds
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
@@ -293,14 +301,19 @@ class UvicornThread:
         """Bind, start uvicorn in a thread, and return once it accepts connections."""
         if self._thread is not None or self._stopped:
             raise RuntimeError("a server starts once (create a new one after stop())")
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # accepted connections inherit it: a response's body, written after its headers, must not
-        # wait for the client's delayed ACK (Nagle's algorithm: +40 ms on every request, measured)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((self.host, self.port))
-        self._sock, self.port = sock, sock.getsockname()[1]
+        if self.uds is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self.uds)
+            self._sock = sock
+        else:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # accepted connections inherit it: a response's body, written after its headers, must not
+            # wait for the client's delayed ACK (Nagle's algorithm: +40 ms on every request, measured)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((self.host, self.port))
+            self._sock, self.port = sock, sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
             log_level="warning",

@@ -114,3 +114,10 @@ class InferenceClient(Protocol):
 
     def wait_ready(self, timeout_s: float = 60.0) -> int:
         """Block until the server answers (TimeoutError after ``timeout_s``); its version."""
+
+    async def agenerate(self, requests: list[GenerateRequest], http: Any) -> list[GenerateResult]:
+        """:meth:`generate` over the caller's ``httpx.AsyncClient`` (base URL: the client's ``url``);
+        cancelling the awaiting task cancels the requests at the server."""
+
+    def close(self) -> None:
+        """Release the connections."""

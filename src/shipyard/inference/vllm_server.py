@@ -211,6 +211,19 @@ class VllmClient:
         assert all(r is not None for r in out)
         return out  # type: ignore[return-value]
 
+    async def agenerate(
+        self, requests: list[GenerateRequest], http: httpx.AsyncClient
+    ) -> list[GenerateResult]:
+        """:meth:`generate` on the caller's async client (its base URL this server's), one vLLM
+        request each: cancelling the awaiting task drops the connections, and vLLM aborts them."""
+        out = []
+        for request in requests:
+            resp = await http.post(GENERATE_ROUTE, json=generate_body(request, self.served_name, 1))
+            if resp.status_code >= 400:
+                raise ValueError(f"vLLM refused the request ({resp.status_code}): {resp.text[:500]}")
+            out.append(parse_choice(resp.json()["choices"][0], request, self.moe))
+        return out
+
     def version(self) -> int:
         """The weight version the server labels new tokens with (``/weight_info``; 0 before any)."""
         resp = self._http.get("/weight_info")
