@@ -153,6 +153,9 @@ class SessionSpec:
     bench: Workbench
     """Where the session works and is judged: its sandbox and its grader."""
     seed: int = 0
+    harness: Any = None
+    """The :class:`~shipyard.agent.harness.base.Harness` that plays the session (None: the built-in
+    one, :func:`run_session`)."""
 
 
 def run_session(spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:

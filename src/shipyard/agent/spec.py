@@ -3,7 +3,7 @@
 Contract: :func:`session_spec` builds the :class:`~shipyard.agent.session.SessionSpec` every
 session of a run uses (training, evaluation, demonstrations) from the config: sandboxes of
 ``sandbox.type`` (:func:`shipyard.envs.sandbox.make_sandbox`) and the hidden-test grader, both
-limited by ``sandbox``; an :class:`~shipyard.envs.environment.Environment` swaps in its own per
+limited by ``sandbox``, played by the harness ``harness.type`` names (:mod:`shipyard.agent.harness`); an :class:`~shipyard.envs.environment.Environment` swaps in its own per
 task kind when a session is played through it (:func:`shipyard.agent.play.play`).
 """
 
@@ -39,6 +39,8 @@ class SandboxWorkbench:
 
 def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -> SessionSpec:
     """The spec of every session of the run ``cfg`` describes, sampling from ``client``."""
+    from shipyard.agent.harness import make_harness
+
     return SessionSpec(
         client=client,
         frame=ChatFrame(tokenizer),
@@ -46,4 +48,5 @@ def session_spec(cfg: ShipyardConfig, client: InferenceClient, tokenizer: Any) -
         sampling=cfg.sampling,
         bench=SandboxWorkbench(cfg.sandbox),
         seed=cfg.run.seed,
+        harness=make_harness(cfg),
     )

@@ -319,6 +319,9 @@ class HarnessConfig(_Section):
     message; also in the file `$SHIPYARD_TASK_FILE`) and `SHIPYARD_WORKSPACE`."""
     env: dict[str, str] = {}
     """Extra environment variables of the harness's process (its own configuration)."""
+    files: str = ""
+    """A host directory (the harness's own code and configuration files) copied into every
+    session's sandbox at `/shipyard/harness`, read by the command there; "" for none."""
     timeout_s: float = Field(300.0, gt=0)
     """Wall time of one session: the harness and everything it started are killed after it."""
     max_calls: int = Field(30, ge=1)

@@ -1,0 +1,194 @@
+"""A command harness: any program, started once per session inside the session's sandbox.
+
+Contract: :class:`CommandHarness` plays a session by running ``harness.command`` with
+``/bin/sh -c`` in a fresh bubblewrap sandbox over the task's workspace (``/workspace``, the working
+directory), with ``harness.timeout_s`` of wall time; the program and everything it starts are
+killed when the command ends or the time is up. The sandbox has no network but its own loopback;
+the only socket it can reach is its session endpoint's (:class:`~shipyard.agent.endpoint.SessionEndpoint`
+on a unix socket in a host directory bound at ``/shipyard``), which :mod:`.relay` serves on
+``127.0.0.1:8000`` inside. The program gets ``OPENAI_BASE_URL`` (``http://127.0.0.1:8000/v1``),
+``OPENAI_API_KEY`` (the endpoint's key), ``SHIPYARD_MODEL``, ``SHIPYARD_TASK`` (the task's first
+message, as the built-in harness words it, also in the file ``SHIPYARD_TASK_FILE``),
+``SHIPYARD_WORKSPACE`` and ``harness.env``; ``harness.files`` (the harness's own code and
+configuration) is copied to ``/shipyard/harness`` for each session. When it ends, the workspace's files are graded by the
+session's grader in a fresh sandbox (``spec.bench.grade``: the task's hidden tests, reward
+components, anti-cheat), and the endpoint's calls become the session's segments.
+
+Outcomes (``finish``; reward 0 and ``reward_info["reason"]`` for every one but ``done``):
+``done`` (exit 0, graded), ``timeout`` (killed at ``harness.timeout_s``), ``harness_error``
+(non-zero exit: also ``error``, so its tokens are not trained), ``no_calls`` (it never called the
+model: one environment-only trajectory of the task's prompt). ``grade["harness"]`` keeps the
+exit code, the wall time, the tails of stdout and stderr and the refused calls.
+
+Limits: function tasks only (repo and db tasks need their own sandboxes, services and binds:
+a session of another kind comes back as an error naming it); bubblewrap sandboxes only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+import time
+import traceback
+from contextlib import closing
+from typing import Any
+
+from shipyard.agent.endpoint import SessionEndpoint
+from shipyard.agent.session import SessionSpec, files_diff, first_message, session_seed, workspace_files
+from shipyard.agent.types import Trajectory
+from shipyard.config.schema import HarnessConfig, SandboxConfig
+from shipyard.envs.sandbox import make_sandbox
+from shipyard.envs.types import ExecResult, Task
+
+INSIDE = "/shipyard"
+"""Where the session's host directory (endpoint socket, relay, task file) is bound in the sandbox."""
+PORT = 8000
+"""The relay's port on the sandbox's own loopback."""
+TAIL = 2000
+"""Characters of the harness's stdout and stderr kept in ``grade["harness"]``."""
+
+
+class CommandHarness:
+    """``harness.type = "command"`` (module doc)."""
+
+    def __init__(self, cfg: HarnessConfig, sandbox: SandboxConfig, max_context: int) -> None:
+        if cfg.files and not os.path.isdir(cfg.files):
+            raise ValueError(f"harness.files: {cfg.files!r} is not a directory; give the harness's folder")
+        self.cfg = cfg
+        self.max_context = cfg.max_context or max_context
+        self.sandbox_cfg = sandbox.model_copy(
+            update={
+                "memory_mb": cfg.memory_mb,
+                "cgroup_memory_mb": max(sandbox.cgroup_memory_mb, cfg.memory_mb),
+                "max_processes": max(sandbox.max_processes, 256),
+            }
+        )
+
+    def run(self, spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
+        t0 = time.monotonic()
+        if task.kind != "function":
+            why = f'harness.type = "command" plays function tasks; task {task.id} is a {task.kind!r} task'
+            return [_empty(spec, task, group_id, sample_idx, "harness_error", why, error=why)]
+        home = tempfile.mkdtemp(prefix="shipyard-harness-")
+        endpoint = None
+        try:
+            shutil.copy(os.path.join(os.path.dirname(__file__), "relay.py"), os.path.join(home, "relay.py"))
+            if self.cfg.files:
+                shutil.copytree(self.cfg.files, os.path.join(home, "harness"), symlinks=False)
+            message = first_message(task)
+            with open(os.path.join(home, "task.md"), "w") as f:
+                f.write(message)
+            endpoint = SessionEndpoint(
+                spec.client,
+                spec.frame.tok,
+                self.cfg,
+                spec.sampling,
+                max_context=self.max_context,
+                seed=session_seed(group_id, sample_idx, 0, spec.seed),
+                uds=os.path.join(home, "endpoint.sock"),
+            ).start()
+            with closing(make_sandbox(self.sandbox_cfg, workspace_files(task), binds={home: INSIDE})) as sb:
+                res = sb.exec(self._launch(), timeout_s=self.cfg.timeout_s, env=self._env(endpoint, message))
+                endpoint.close()
+                final = sb.files()
+            result = spec.bench.grade(task, final) if res.returncode == 0 and not res.timed_out else None
+            return _outcome(
+                spec, task, group_id, sample_idx, endpoint, res, result, final, time.monotonic() - t0
+            )
+        except Exception as e:  # a crashed session is recorded, never propagated
+            why = f"{type(e).__name__}: {e}"
+            return [
+                _empty(spec, task, group_id, sample_idx, "error", why, error=traceback.format_exc(limit=4))
+            ]
+        finally:
+            if endpoint is not None:
+                endpoint.close()
+            shutil.rmtree(home, ignore_errors=True)
+
+    def _launch(self) -> str:
+        """Start the relay, wait until it listens, then run the harness's command."""
+        ready = "/tmp/.shipyard-relay-ready"
+        relay = f"python {INSIDE}/relay.py {INSIDE}/endpoint.sock {PORT} {ready}"
+        wait = f"i=0; while [ ! -e {ready} ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done"
+        return f"{relay} & {wait}; exec /bin/sh -c {shlex.quote(self.cfg.command)}"
+
+    def _env(self, endpoint: SessionEndpoint, message: str) -> dict[str, str]:
+        return {
+            **self.cfg.env,
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1",
+            "OPENAI_API_KEY": endpoint.key,
+            "SHIPYARD_MODEL": endpoint.model_name,
+            "SHIPYARD_TASK": message,
+            "SHIPYARD_TASK_FILE": f"{INSIDE}/task.md",
+            "SHIPYARD_WORKSPACE": "/workspace",
+        }
+
+
+def _empty(
+    spec: SessionSpec, task: Task, group_id: str, idx: int, finish: str, reason: str, error: str | None = None
+) -> Trajectory:
+    """A session without calls: the task's prompt as environment tokens, reward 0, the reason."""
+    ids = spec.frame.prompt_ids(first_message(task))
+    n = len(ids)
+    traj = Trajectory(task.id, group_id, idx, ids, [0] * n, [0.0] * n, [-1] * n, prompt_len=n)
+    traj.session_id, traj.finish, traj.error = f"{group_id}/{idx}", finish, error
+    traj.reward_info = {"reason": reason}
+    return traj
+
+
+def _outcome(
+    spec: SessionSpec,
+    task: Task,
+    group_id: str,
+    idx: int,
+    endpoint: SessionEndpoint,
+    res: ExecResult,
+    result: Any,
+    final: dict[str, str],
+    seconds: float,
+) -> list[Trajectory]:
+    """The session's segments with its outcome (module doc) on each."""
+    log = {
+        "returncode": res.returncode,
+        "seconds": round(seconds, 3),
+        "stdout": res.stdout[-TAIL:],
+        "stderr": res.stderr[-TAIL:],
+        "refused_calls": dict(endpoint.refused),
+    }
+    if res.timed_out:
+        finish, reason, error = (
+            "timeout",
+            f"the harness ran past harness.timeout_s ({res.duration_s:.0f} s)",
+            None,
+        )
+    elif res.returncode != 0:
+        reason = f"the harness exited with {res.returncode}: {res.stderr.strip()[-300:]}"
+        finish, error = "harness_error", reason
+    else:
+        finish, reason, error = "done", "", None
+    segs = endpoint.segments(task.id, group_id, idx)
+    if not segs:
+        why = reason or "the harness never called the model"
+        segs = [_empty(spec, task, group_id, idx, finish if reason else "no_calls", why, error)]
+        finish, reason = segs[0].finish, why
+    metrics = {**endpoint.metrics(), "harness_s": round(seconds, 3)}
+    for seg in segs:
+        seg.finish, seg.error, seg.metrics = finish, error, dict(metrics)
+        seg.reward, seg.reward_info = 0.0, {"reason": reason} if reason else {}
+        if error is not None:
+            seg.loss_mask = [0] * len(seg.token_ids)
+    last = segs[-1]
+    last.grade = {"harness": log}
+    if result is not None and finish == "done":
+        for seg in segs:
+            seg.reward, seg.reward_info = result.reward, {"passed": result.passed, "total": result.total}
+        last.grade = {**_json_safe(result.details), "harness": log}
+        last.changes = files_diff(workspace_files(task), final)
+    return segs
+
+
+def _json_safe(details: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(details, default=str))
