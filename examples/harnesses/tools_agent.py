@@ -23,7 +23,11 @@ TOOLS = [
         "function": {
             "name": "read_file",
             "description": "Read a text file of the workspace.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
         },
     },
     {
@@ -43,7 +47,11 @@ TOOLS = [
         "function": {
             "name": "run_command",
             "description": "Run a shell command in the workspace, e.g. the tests.",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
         },
     },
 ]
@@ -69,7 +77,10 @@ def run_tool(name: str, args: dict) -> str:
 def main() -> None:
     client = openai.OpenAI(max_retries=0)
     model = os.environ.get("SHIPYARD_MODEL", "policy")
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": os.environ["SHIPYARD_TASK"]}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": os.environ["SHIPYARD_TASK"]},
+    ]
     for _ in range(int(os.environ.get("MAX_TURNS", "6"))):
         try:
             out = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)

@@ -72,7 +72,7 @@ from shipyard.inference.openai_api import (
     sse,
     visible_text,
 )
-from shipyard.inference.server import UvicornThread, _errors_in_openai_shape
+from shipyard.inference.server import UvicornThread, errors_in_openai_shape
 from shipyard.inference.tools import canonical_assistant
 from shipyard.inference.types import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 
@@ -197,7 +197,7 @@ class SessionEndpoint:
                 await self._ahttp.aclose()
 
         app = FastAPI(title="shipyard session endpoint", lifespan=lifespan)
-        _errors_in_openai_shape(app)
+        errors_in_openai_shape(app)
 
         @app.middleware("http")
         async def auth(request: Request, call_next: Any) -> Any:

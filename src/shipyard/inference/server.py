@@ -101,7 +101,7 @@ async def _results(ticket: Ticket, request: Request | None = None) -> list[Gener
         raise OpenAIError(500, f"{type(e).__name__}: {e}", type_="server_error") from e
 
 
-def _errors_in_openai_shape(app: FastAPI) -> None:
+def errors_in_openai_shape(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai(_: Request, e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -150,7 +150,7 @@ def create_app(
     app.state.scheduler, app.state.engine = scheduler, engine
     app.state.stats_hooks = []  # callables adding to /stats (the embedded node: its adoptions)
     app.state.tool_counts = {"tool_calls_parsed": 0, "tool_parse_failures": 0}
-    _errors_in_openai_shape(app)
+    errors_in_openai_shape(app)
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
