@@ -1,7 +1,12 @@
-"""Fixtures shared by every test directory: a tiny model taught fixed replies (tool calls)."""
+"""Shared by every test directory: a tiny model taught fixed replies (tool calls), and waiting on
+a condition."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,21 +16,8 @@ from shipyard.config.schema import ModelConfig
 from shipyard.inference.tools import tool_template
 from shipyard.models.loading import load_model
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the workspace",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"],
-            },
-        },
-    }
-]
-"""The tool the taught model calls."""
+TOOLS = json.loads((Path(__file__).parent / "agent/harnesses/tools.json").read_text())
+"""The tool the taught model calls (the test harness in tests/agent/harnesses reads the same file)."""
 
 CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
 """What the taught model answers to a user turn (a Hermes tool call)."""
@@ -87,3 +79,14 @@ def taught_model() -> tuple[Any, Any]:
     """The tiny dense model taught :func:`tool_examples` (greedy replies: a tool call, then "All done.")."""
     model, tok = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
     return teach(model, tok, tool_examples(tok)), tok
+
+
+def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait until ``condition()`` holds (for counters that have no event to wait on); whether it did
+    within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

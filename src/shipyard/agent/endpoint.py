@@ -27,15 +27,17 @@ Contract: a :class:`SessionEndpoint` serves ``POST /v1/chat/completions`` (tools
   connection to the inference server drops, and the server stops their rows.
 
 Sampling: every call samples with ``sampling.temperature``/``top_p`` (unless
-``harness.honor_sampling``), a seed drawn from the session and call number, ``n = 1``, and the
-harness's ``max_tokens`` and ``stop`` within the limits.
+``harness.honor_sampling``), the seed :func:`~shipyard.agent.session.session_seed` gives the
+session and the call's number (the built-in harness seeds its turns the same way), ``n = 1``, and
+the harness's ``max_tokens`` and ``stop`` within the limits.
 
 Example::
 
-    ep = SessionEndpoint(client, tokenizer, cfg.harness, cfg.sampling, uds="/tmp/s/endpoint.sock")
+    ep = SessionEndpoint(client, tokenizer, cfg.harness, cfg.sampling, max_context=1536,
+                         session=(group_id, sample_idx), uds="/tmp/s/endpoint.sock")
     ep.start()   # the harness calls it ...
     ep.close()
-    segments = ep.segments(task.id, group_id, sample_idx)
+    segments = ep.segments(task.id)
 
 Limits: ``n > 1`` and ``logprobs`` are refused (a session is one line of play); streaming is
 answered as one chunk per reply (the whole reply at once).
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import threading
@@ -60,6 +63,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from shipyard.agent.session import session_seed
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import HarnessConfig, SamplingConfig
 from shipyard.inference.openai_api import (
@@ -68,6 +72,7 @@ from shipyard.inference.openai_api import (
     ChatRender,
     OpenAIError,
     chat_render,
+    finish_reason,
     reply,
     sse,
     visible_text,
@@ -119,7 +124,7 @@ class CompletionBody(BaseModel):
 
 
 def _limit(message: str) -> OpenAIError:
-    return OpenAIError(400, message, None, type_="session_limit_exceeded")
+    return OpenAIError(400, message, None, "session_limit_exceeded", code="session_limit")
 
 
 def _message_key(m: dict[str, Any]) -> str:
@@ -140,18 +145,24 @@ class SessionEndpoint:
         *,
         max_context: int,
         model_name: str = "policy",
+        session: tuple[str, int] = ("", 0),
         seed: int = 0,
         uds: str | None = None,
         host: str = "127.0.0.1",
     ) -> None:
+        """``session``: the group id and sample index of the session (its segments' ids, its seeds);
+        ``seed``: the run's seed."""
         self.client, self.tok, self.cfg, self.sampling = client, tokenizer, harness, sampling
-        self.max_context, self.model_name, self.seed = max_context, model_name, seed
+        self.max_context, self.model_name = max_context, model_name
+        self.session, self.seed = session, seed
         self.key = "sk-session-" + secrets.token_hex(16)
         self.calls: list[Call] = []
         self.retokenized_calls = 0
         self.refused: dict[str, int] = {}
-        """Calls answered 4xx, by reason (``session_limit``, ``closed``, ``invalid``, ``auth``)."""
+        """Calls answered 4xx, by reason (``session_limit``, ``invalid``, ``auth``)."""
         self._states: dict[str, _State] = {}
+        self._closes: dict[str, str | None] = {}
+        """:meth:`_close_text` by chat template."""
         self._texts: dict[str, list[int]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -192,6 +203,7 @@ class SessionEndpoint:
     def _app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+            self._loop = asyncio.get_running_loop()
             yield
             if self._ahttp is not None:
                 await self._ahttp.aclose()
@@ -230,7 +242,6 @@ class SessionEndpoint:
 
     async def _guard(self, work: Any) -> dict[str, Any]:
         """Run one call's coroutine as a task :meth:`close` can cancel; count its refusals."""
-        self._loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(work)
         self._inflight.add(task)
         try:
@@ -273,7 +284,7 @@ class SessionEndpoint:
             top_p=top_p if honor and top_p is not None else self.sampling.top_p,
             max_tokens=max(1, min(asked or room, room, left)),
             stop=[stop] if isinstance(stop, str) else list(stop or []),
-            seed=_seed(self.seed, len(self.calls)),
+            seed=session_seed(*self.session, len(self.calls), self.seed),
         )
 
     async def _sample(self, prompt: list[int], params: SamplingParams) -> tuple[GenerateResult, float]:
@@ -305,8 +316,7 @@ class SessionEndpoint:
             body.top_p,
             body.stop,
         )
-        plan = render.plan or ChatPlan([])
-        plan.stop = params.stop
+        plan = dataclasses.replace(render.plan or ChatPlan([]), stop=params.stop)
         t1 = time.perf_counter()
         res, gen_s = await self._sample(prompt, params)
         t2 = time.perf_counter()
@@ -352,10 +362,13 @@ class SessionEndpoint:
     def _close_text(self, render: ChatRender) -> str | None:
         """The template's text after an assistant turn's content, starting with EOS; None when the
         template does not close turns with EOS (then no reply can be spliced in as sampled)."""
-        probe = [{"role": "user", "content": "\x01"}, {"role": "assistant", "content": "\x02"}]
-        text = render.text(self.tok, probe, gen=False)
-        after = text[text.index("\x02") + 1 :]
-        return after if after.startswith(self.tok.eos_token) else None
+        template = render.kwargs.get("chat_template") or ""
+        if template not in self._closes:
+            probe = [{"role": "user", "content": "\x01"}, {"role": "assistant", "content": "\x02"}]
+            text = render.text(self.tok, probe, gen=False)
+            after = text[text.index("\x02") + 1 :]
+            self._closes[template] = after if after.startswith(self.tok.eos_token) else None
+        return self._closes[template]
 
     # ----------------------------------------------------------------- completions
     async def _completion(self, body: CompletionBody) -> dict[str, Any]:
@@ -380,13 +393,12 @@ class SessionEndpoint:
             self._texts[decoded] = prompt + res.token_ids
             call.overhead_ms = 1000 * ((t1 - t0) + (time.perf_counter() - t2))
             self.calls.append(call)
-        finish = {"length": "length"}.get(res.finish_reason, "stop")
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason(res), "logprobs": None}],
             "usage": _usage(len(prompt), len(res.token_ids)),
         }
 
@@ -401,13 +413,13 @@ class SessionEndpoint:
         return self.tok(text, add_special_tokens=False).input_ids, not self._texts
 
     # ----------------------------------------------------------------- trajectories
-    def segments(self, task_id: str, group_id: str, sample_idx: int) -> list[Trajectory]:
+    def segments(self, task_id: str) -> list[Trajectory]:
         """The session's calls as token-exact segments (module doc); [] when it made no call."""
         segs: list[Trajectory] = []
         for call in self.calls:
             cur = segs[-1] if segs else None
             if cur is None or call.prompt_ids[: len(cur.token_ids)] != cur.token_ids or not call.exact:
-                cur = _new_segment(task_id, group_id, sample_idx, call, len(segs))
+                cur = _new_segment(task_id, *self.session, call, len(segs))
                 segs.append(cur)
             else:
                 _extend(cur, call.prompt_ids[len(cur.token_ids) :], self.tok)
@@ -426,12 +438,6 @@ class SessionEndpoint:
             "tool_call_parse_frac": sum(parsed) / len(parsed) if parsed else 1.0,
             "refused_calls": sum(self.refused.values()),
         }
-
-
-def _seed(base: int, call: int) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(f"{base}/{call}".encode(), digest_size=4).digest(), "little")
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

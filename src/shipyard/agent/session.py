@@ -119,6 +119,15 @@ def session_seed(group_id: str, sample_idx: int, turn: int, base: int) -> int:
     return int.from_bytes(h, "little")
 
 
+def grade_record(result: RewardResult) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A grading as a trajectory records it: ``reward_info`` (passed, total, the grader's reason
+    where it gives one) and ``grade`` (its report, made JSON-safe)."""
+    info: dict[str, Any] = {"passed": result.passed, "total": result.total}
+    if "reason" in result.details:
+        info["reason"] = result.details["reason"]
+    return info, json.loads(json.dumps(result.details, default=str))
+
+
 def workspace_files(task: Task) -> dict[str, str]:
     files = dict(task.files)
     if task.visible_tests:
@@ -335,10 +344,7 @@ class _Session:
 
     def graded(self, finish: str, result: RewardResult, changes: str = "") -> None:
         self.finish, self.reward, self.changes = finish, result.reward, changes
-        self.reward_info = {"passed": result.passed, "total": result.total}
-        if "reason" in result.details:
-            self.reward_info["reason"] = result.details["reason"]
-        self.grade = json.loads(json.dumps(result.details, default=str))
+        self.reward_info, self.grade = grade_record(result)
 
     def crashed(self, error: str) -> None:
         self.error, self.reward, self.finish = error, 0.0, "error"

@@ -56,24 +56,27 @@ class HttpInferenceClient:
         """Sample every request in one call; results are in request order."""
         if not requests:
             return []
-        if self.priority is not None:
-            requests = [dataclasses.replace(r, priority=self.priority) for r in requests]
-        resp = self._http.post("/generate", json={"requests": [r.to_json() for r in requests]})
-        _raise_for(resp)
-        results = [GenerateResult.from_json(d) for d in resp.json()["results"]]
-        assert len(results) == len(requests), "the server answered a different number of results"
-        return results
+        return self._results(self._http.post("/generate", json=self._body(requests)), len(requests))
 
     async def agenerate(
         self, requests: list[GenerateRequest], http: httpx.AsyncClient
     ) -> list[GenerateResult]:
         """:meth:`generate` on the caller's async client (its base URL this server's): cancelling the
         awaiting task drops the connection, and the server stops the requests' rows."""
+        return self._results(await http.post("/generate", json=self._body(requests)), len(requests))
+
+    def _body(self, requests: list[GenerateRequest]) -> dict[str, Any]:
+        """``POST /generate``'s body, each request stamped with ``priority`` where it is set."""
         if self.priority is not None:
             requests = [dataclasses.replace(r, priority=self.priority) for r in requests]
-        resp = await http.post("/generate", json={"requests": [r.to_json() for r in requests]})
+        return {"requests": [r.to_json() for r in requests]}
+
+    @staticmethod
+    def _results(resp: httpx.Response, n: int) -> list[GenerateResult]:
         _raise_for(resp)
-        return [GenerateResult.from_json(d) for d in resp.json()["results"]]
+        results = [GenerateResult.from_json(d) for d in resp.json()["results"]]
+        assert len(results) == n, "the server answered a different number of results"
+        return results
 
     def version(self) -> int:
         resp = self._http.get("/version")

@@ -60,28 +60,35 @@ UNSUPPORTED = (
 )
 
 
+CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    500: "internal_error",
+    502: "bad_gateway",
+    503: "unavailable",
+}
+"""An error's ``code`` by HTTP status, unless the error names its own."""
+
+
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
+        """``code``: the error's code (None: the status's, :data:`CODES`)."""
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type_
+        self.code = code if code is not None else CODES.get(status)
 
     def body(self) -> dict[str, Any]:
-        code = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 502: "bad_gateway"}
-        code |= {503: "unavailable", 500: "internal_error"}
-        if self.type == "session_limit_exceeded":  # a session endpoint's limits (shipyard.agent.endpoint)
-            code[400] = "session_limit"
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": code.get(self.status),
-            }
-        }
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class StreamOptions(BaseModel):
@@ -274,7 +281,7 @@ def visible_text(tokenizer: Any, token_ids: list[int], finish: str, stop: list[s
     return content
 
 
-def _finish(res: GenerateResult) -> str:
+def finish_reason(res: GenerateResult) -> str:
     """OpenAI's finish reason: ``length``, ``stop`` (EOS or a stop string), or ``abort`` (cancelled:
     the client left or the server shut down before the end)."""
     return {"length": "length", "abort": "abort"}.get(res.finish_reason, "stop")
@@ -284,7 +291,7 @@ def reply(tokenizer: Any, res: GenerateResult, plan: ChatPlan) -> tuple[dict[str
     """One choice's assistant message, its finish reason, and whether its tool calls parsed (None:
     not parsed for tools, or nothing in it looked like a call)."""
     text = visible_text(tokenizer, res.token_ids, res.finish_reason, plan.stop)
-    finish = _finish(res)
+    finish = finish_reason(res)
     if plan.tool_format is None:
         return {"role": "assistant", "content": text}, finish, None
     parsed = tool_calls.parse_tool_calls(plan.forced + text, plan.tool_format)

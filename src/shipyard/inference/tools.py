@@ -111,13 +111,12 @@ class ToolCall:
     """The arguments as a JSON string (OpenAI's shape)."""
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
-    def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_openai(self) -> dict[str, Any]:
+        return {
             "id": self.id,
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
-        return out if index is None else {"index": index, **out}
 
 
 @dataclass

@@ -219,9 +219,7 @@ class VllmClient:
         out = []
         for request in requests:
             resp = await http.post(GENERATE_ROUTE, json=generate_body(request, self.served_name, 1))
-            if resp.status_code >= 400:
-                raise ValueError(f"vLLM refused the request ({resp.status_code}): {resp.text[:500]}")
-            out.append(parse_choice(resp.json()["choices"][0], request, self.moe))
+            out += self._choices(resp, request, 1)
         return out
 
     def version(self) -> int:
@@ -258,6 +256,10 @@ class VllmClient:
     def _send(self, job: tuple[GenerateRequest, int]) -> list[GenerateResult]:
         request, n = job
         resp = self._http.post(GENERATE_ROUTE, json=generate_body(request, self.served_name, n))
+        return self._choices(resp, request, n)
+
+    def _choices(self, resp: httpx.Response, request: GenerateRequest, n: int) -> list[GenerateResult]:
+        """The ``n`` results of ``request`` in vLLM's answer ``resp``; ValueError if it refused it."""
         if resp.status_code >= 400:
             raise ValueError(f"vLLM refused the request ({resp.status_code}): {resp.text[:500]}")
         choices = sorted(resp.json()["choices"], key=lambda c: c["index"])

@@ -9,20 +9,7 @@ import sys
 
 import openai
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the workspace",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"],
-            },
-        },
-    }
-]
+TOOLS = json.loads((pathlib.Path(__file__).parent / "tools.json").read_text())
 MODE = os.environ.get("MODE", "agent")
 client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the session
 model = os.environ["SHIPYARD_MODEL"]

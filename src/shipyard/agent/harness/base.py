@@ -21,4 +21,3 @@ from shipyard.envs.types import Task
 class Harness(Protocol):
     def run(self, spec: SessionSpec, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
         """Play one session of ``task`` (module doc)."""
-        ...

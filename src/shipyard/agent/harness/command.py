@@ -26,7 +26,6 @@ a session of another kind comes back as an error naming it); bubblewrap sandboxe
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -34,14 +33,19 @@ import tempfile
 import time
 import traceback
 from contextlib import closing
-from typing import Any
 
 from shipyard.agent.endpoint import SessionEndpoint
-from shipyard.agent.session import SessionSpec, files_diff, first_message, session_seed, workspace_files
+from shipyard.agent.session import (
+    SessionSpec,
+    files_diff,
+    first_message,
+    grade_record,
+    workspace_files,
+)
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import HarnessConfig, SandboxConfig
 from shipyard.envs.sandbox import make_sandbox
-from shipyard.envs.types import ExecResult, Task
+from shipyard.envs.types import ExecResult, RewardResult, Task
 
 INSIDE = "/shipyard"
 """Where the session's host directory (endpoint socket, relay, task file) is bound in the sandbox."""
@@ -87,7 +91,8 @@ class CommandHarness:
                 self.cfg,
                 spec.sampling,
                 max_context=self.max_context,
-                seed=session_seed(group_id, sample_idx, 0, spec.seed),
+                session=(group_id, sample_idx),
+                seed=spec.seed,
                 uds=os.path.join(home, "endpoint.sock"),
             ).start()
             with closing(make_sandbox(self.sandbox_cfg, workspace_files(task), binds={home: INSIDE})) as sb:
@@ -146,7 +151,7 @@ def _outcome(
     idx: int,
     endpoint: SessionEndpoint,
     res: ExecResult,
-    result: Any,
+    result: RewardResult | None,
     final: dict[str, str],
     seconds: float,
 ) -> list[Trajectory]:
@@ -169,7 +174,7 @@ def _outcome(
         finish, error = "harness_error", reason
     else:
         finish, reason, error = "done", "", None
-    segs = endpoint.segments(task.id, group_id, idx)
+    segs = endpoint.segments(task.id)
     if not segs:
         why = reason or "the harness never called the model"
         segs = [_empty(spec, task, group_id, idx, finish if reason else "no_calls", why, error)]
@@ -183,12 +188,9 @@ def _outcome(
     last = segs[-1]
     last.grade = {"harness": log}
     if result is not None and finish == "done":
+        info, grade = grade_record(result)
         for seg in segs:
-            seg.reward, seg.reward_info = result.reward, {"passed": result.passed, "total": result.total}
-        last.grade = {**_json_safe(result.details), "harness": log}
+            seg.reward, seg.reward_info = result.reward, dict(info)
+        last.grade = {**grade, "harness": log}
         last.changes = files_diff(workspace_files(task), final)
     return segs
-
-
-def _json_safe(details: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(details, default=str))
