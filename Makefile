@@ -8,7 +8,12 @@ STAMP := $(VENV)/.shipyard-installed
 # instead of ~10.5 on 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint format bench-quick humaneval screenshots vllm clean
+# third-party harnesses (docs/harnesses.md), each in its own virtualenv made by Shipyard's Python
+# (their pins conflict: openai-agents needs openai>=3, verifiers openai<3): ~1.5 min, 1.5 GB
+HARNESS_PKGS ?= mini:mini-swe-agent==2.4.6 agents:openai-agents==0.24.0 verifiers:verifiers==0.4.0
+HARNESS_STAMP := .venv-harness/.installed
+
+.PHONY: setup demo test lint format bench-quick humaneval screenshots vllm harnesses clean
 
 $(STAMP): pyproject.toml
 	@{ command -v bwrap && command -v cc && command -v chromium && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || { \
@@ -24,11 +29,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(HARNESS_STAMP): $(STAMP) Makefile
+	for spec in $(HARNESS_PKGS); do d=.venv-harness/$${spec%%:*}; \
+	  { test -x $$d/bin/python || $(VPY) -m venv $$d; } && \
+	  $$d/bin/pip install -q --upgrade pip && $$d/bin/pip install -q $${spec#*:} || exit 1; done
+	touch $@
+
+harnesses: $(HARNESS_STAMP)
+
 demo: setup
 	$(VENV)/bin/shipyard train configs/demo.toml
 
-test: setup  # TEST_WORKERS=1 runs the tests one at a time
-	$(VPY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+test: setup harnesses  # TEST_WORKERS=1 runs the tests one at a time
+	SHIPYARD_REQUIRE_HARNESSES=1 $(VPY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks && $(VENV)/bin/ruff format --check src tests benchmarks

@@ -1,11 +1,11 @@
-"""Shared by every test directory: a tiny model taught fixed replies (tool calls), and waiting on
-a condition."""
+"""Shared by every test directory: a tiny model taught fixed replies (tool calls) and a server of
+it, the session spec a command harness test plays with, and waiting on a condition."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,42 @@ def taught_model() -> tuple[Any, Any]:
     """The tiny dense model taught :func:`tool_examples` (greedy replies: a tool call, then "All done.")."""
     model, tok = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
     return teach(model, tok, tool_examples(tok)), tok
+
+
+@pytest.fixture(scope="module")
+def taught_server(taught_model: tuple[Any, Any]) -> Iterator[Any]:
+    """An embedded inference server of :func:`taught_model` on loopback."""
+    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.server import InferenceServer
+
+    with InferenceServer(EmbeddedEngine(*taught_model, max_batch=4)) as srv:
+        yield srv
+
+
+def harness_spec(url: str, tok: Any, cfg: Any) -> Any:
+    """A session spec playing the command harness ``cfg`` (a ``HarnessConfig``) against the server
+    at ``url``: near-greedy sampling, 40 tokens a call, sandboxed grading."""
+    from shipyard.agent.harness.command import CommandHarness
+    from shipyard.agent.session import ChatFrame, SessionSpec
+    from shipyard.agent.spec import SandboxWorkbench
+    from shipyard.config.schema import AgentConfig, SamplingConfig, SandboxConfig
+    from shipyard.inference.client import HttpInferenceClient
+
+    return SessionSpec(
+        client=HttpInferenceClient(url, timeout_s=60),
+        frame=ChatFrame(tok),
+        agent=AgentConfig(max_session_tokens=1024),
+        sampling=SamplingConfig(temperature=0.05, max_tokens=40),
+        bench=SandboxWorkbench(SandboxConfig(timeout_s=20)),
+        harness=CommandHarness(cfg, SandboxConfig(), 1024),
+    )
+
+
+def live_children() -> set[int]:
+    """Pids of this process's descendants (a session must leave none behind)."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def until(condition: Callable[[], bool], timeout_s: float) -> bool:

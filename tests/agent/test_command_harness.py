@@ -7,23 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from tests.conftest import DONE
+from tests.conftest import DONE, harness_spec, live_children
 
 from shipyard.agent.endpoint import SessionEndpoint
-from shipyard.agent.harness.command import CommandHarness
+from shipyard.agent.harness.command import CommandHarness, harness_reward
 from shipyard.agent.play import play
-from shipyard.agent.session import ChatFrame, SessionSpec
-from shipyard.agent.spec import SandboxWorkbench
-from shipyard.config.schema import AgentConfig, HarnessConfig, SamplingConfig, SandboxConfig
+from shipyard.agent.session import SessionSpec
+from shipyard.config.schema import HarnessConfig, SamplingConfig, SandboxConfig
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer
 
 HARNESSES = str(Path(__file__).parent / "harnesses")
@@ -37,9 +33,8 @@ SOLUTION = "def one():\n    return 1\n"
 
 
 @pytest.fixture(scope="module")
-def server(taught_model: tuple[Any, Any]) -> Iterator[InferenceServer]:
-    with InferenceServer(EmbeddedEngine(*taught_model, max_batch=4)) as srv:
-        yield srv
+def server(taught_server: InferenceServer) -> InferenceServer:
+    return taught_server
 
 
 def _spec(server: InferenceServer, tok: Any, mode: str, **harness: Any) -> SessionSpec:
@@ -52,24 +47,13 @@ def _spec(server: InferenceServer, tok: Any, mode: str, **harness: Any) -> Sessi
         honor_sampling=True,
         **{"timeout_s": 60, **harness},
     )
-    return SessionSpec(
-        client=HttpInferenceClient(server.url, timeout_s=60),
-        frame=ChatFrame(tok),
-        agent=AgentConfig(max_session_tokens=1024),
-        sampling=SamplingConfig(temperature=0.05, max_tokens=40),
-        bench=SandboxWorkbench(SandboxConfig(timeout_s=20)),
-        harness=CommandHarness(cfg, SandboxConfig(), 1024),
-    )
-
-
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return harness_spec(server.url, tok, cfg)
 
 
 def test_a_harness_plays_through_its_endpoint_and_is_graded(
     server: InferenceServer, taught_model: Any
 ) -> None:
-    before = _children()
+    before = live_children()
     segs = play(_spec(server, taught_model[1], "agent", env={"SOLUTION": SOLUTION}), TASK, "g", 0)
     [seg] = segs
     assert seg.finish == "done" and seg.error is None and seg.reward == 1.0, seg.grade
@@ -80,7 +64,7 @@ def test_a_harness_plays_through_its_endpoint_and_is_graded(
     assert assistant[0]["tool_calls"] == [{"name": "read_file", "arguments": '{"path": "a.py"}'}]
     assert assistant[1]["text"] == DONE
     assert sum(seg.loss_mask) == sum(t["end"] - t["start"] for t in assistant)
-    assert _children() <= before, "the sandbox, the relay and the harness are gone"
+    assert live_children() <= before, "the sandbox, the relay and the harness are gone"
 
 
 def test_a_wrong_workspace_gets_its_grade(server: InferenceServer, taught_model: Any) -> None:
@@ -106,14 +90,14 @@ def test_a_harness_that_crashes_hangs_or_does_nothing(
     finish: str,
     reason: str,
 ) -> None:
-    before = _children()
+    before = live_children()
     spec = _spec(server, taught_model[1], "agent", **harness)
     cfg = spec.harness.cfg.model_copy(update={"command": command})
     spec = dataclasses.replace(spec, harness=CommandHarness(cfg, SandboxConfig(), 1024))
     [seg] = play(spec, TASK, "g", 0)
     assert seg.finish == finish and seg.reward == 0.0 and reason in seg.reward_info["reason"], seg.reward_info
     assert sum(seg.loss_mask) == 0 and (seg.error is not None) == (finish == "harness_error")
-    assert _children() <= before
+    assert live_children() <= before
 
 
 def test_a_flood_and_a_token_budget_are_refused(server: InferenceServer, taught_model: Any) -> None:
@@ -161,3 +145,23 @@ def test_a_harness_reaches_only_its_own_endpoint(
         "unix": "FileNotFoundError",
     }
     assert other.calls == [] and other.refused == {}
+
+
+def test_a_harness_reward_file_is_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "reward.json"
+    assert harness_reward(str(path)).details["reason"] == "the harness wrote no reward.json"
+    for bad in ('{"reward": 1.5}', '{"reward": true}', "[1]", '{"reward": 0.5, "metrics": 3}', "{"):
+        path.write_text(bad)
+        r = harness_reward(str(path))
+        assert r.reward == 0.0 and "malformed" in r.details["reason"], bad
+    path.write_text('{"reward": 0.5, "metrics": {"passed": 3.0, "total": 6}}')
+    r = harness_reward(str(path))
+    assert (r.reward, r.passed, r.total) == (0.5, 3, 6) and r.details["source"] == "harness"
+    path.write_text('{"reward": 1.0, "metrics": {"passed": "all"}}')
+    assert (harness_reward(str(path)).passed, harness_reward(str(path)).total) == (1, 1)
+
+
+def test_a_harness_venv_must_be_a_virtualenv(tmp_path: Path) -> None:
+    cfg = HarnessConfig(type="command", command="true", venv=str(tmp_path))
+    with pytest.raises(ValueError, match="harness.venv"):
+        CommandHarness(cfg, SandboxConfig(), 1024)

@@ -196,6 +196,19 @@ def test_extra_binds_are_validated(tmp_path: Path) -> None:
     assert (tmp_path / "out.txt").read_text() == "r\n"
 
 
+def test_read_only_binds_are_readable_not_writable(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "tool").write_text("v1")
+    with pytest.raises(ValueError, match="ro_binds"):
+        BwrapSandbox(None, ro_binds=[str(tmp_path / "missing")])
+    with BwrapSandbox(None, ro_binds=[str(venv)]) as box:
+        assert box.exec(f"cat {venv}/tool").stdout == "v1"
+        res = box.exec(f"echo v2 > {venv}/tool || echo refused; touch {venv}/new || echo refused")
+        assert res.stdout.count("refused") == 2 and "Read-only file system" in res.stderr
+    assert (venv / "tool").read_text() == "v1" and sorted(os.listdir(venv)) == ["tool"]
+
+
 def test_host_side_paths_cannot_escape(sb: BwrapSandbox) -> None:
     for bad in ("../escape.txt", "/etc/passwd", "a/../../x", ""):
         with pytest.raises(ValueError):

@@ -282,7 +282,7 @@ class SessionEndpoint:
         return SamplingParams(
             temperature=temp if honor and temp is not None else self.sampling.temperature,
             top_p=top_p if honor and top_p is not None else self.sampling.top_p,
-            max_tokens=max(1, min(asked or room, room, left)),
+            max_tokens=max(1, min(asked or self.sampling.max_tokens, room, left)),
             stop=[stop] if isinstance(stop, str) else list(stop or []),
             seed=session_seed(*self.session, len(self.calls), self.seed),
         )
@@ -428,15 +428,18 @@ class SessionEndpoint:
             seg.num_segments = len(segs)
         return segs
 
-    def metrics(self) -> dict[str, float]:
-        """The session's endpoint counters (every segment carries them)."""
+    def metrics(self) -> dict[str, Any]:
+        """The session's endpoint counters (every segment carries them) and each call's overhead
+        (ms spent in the endpoint itself, rendering, matching and answering, not generating)."""
         parsed = [c.parsed for c in self.calls if c.parsed is not None]
         return {
             "calls": len(self.calls),
             "retokenized_calls": self.retokenized_calls,
             "tool_calls": sum(len(c.tool_calls) for c in self.calls),
             "tool_call_parse_frac": sum(parsed) / len(parsed) if parsed else 1.0,
+            "tool_call_attempts": len(parsed),
             "refused_calls": sum(self.refused.values()),
+            "overhead_ms": [round(c.overhead_ms, 3) for c in self.calls],
         }
 
 

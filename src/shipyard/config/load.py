@@ -104,8 +104,11 @@ def _resolve_file_paths(tree: dict[str, Any], base: Path) -> None:
 
 def derive(cfg: ShipyardConfig) -> ShipyardConfig:
     """The one place where values are derived from others (none rewrite user-set values; relative
-    ``tasks.files`` paths are made absolute against the working directory, ``~`` expanded)."""
+    ``tasks.files``, ``harness.files`` and ``harness.venv`` paths are made absolute against the
+    working directory, ``~`` expanded, so Ray actors started elsewhere read the same files)."""
     cfg.tasks.files = [os.path.abspath(os.path.expanduser(f)) for f in cfg.tasks.files]
+    h = cfg.harness
+    h.files, h.venv = (os.path.abspath(os.path.expanduser(p)) if p else "" for p in (h.files, h.venv))
     return cfg
 
 

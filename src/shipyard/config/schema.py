@@ -316,12 +316,25 @@ class HarnessConfig(_Section):
     command: str = ""
     """`type = "command"`: the shell command line run in the sandbox's workspace. It gets
     `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `SHIPYARD_MODEL`, `SHIPYARD_TASK` (the task's first
-    message; also in the file `$SHIPYARD_TASK_FILE`) and `SHIPYARD_WORKSPACE`."""
+    message; also in the file `$SHIPYARD_TASK_FILE`), `SHIPYARD_TASK_ID`, `SHIPYARD_WORKSPACE` and
+    `SHIPYARD_REWARD_FILE`."""
     env: dict[str, str] = {}
     """Extra environment variables of the harness's process (its own configuration)."""
     files: str = ""
     """A host directory (the harness's own code and configuration files) copied into every
     session's sandbox at `/shipyard/harness`, read by the command there; "" for none."""
+    venv: str = ""
+    """A Python virtualenv holding the harness's own packages (e.g. `make harnesses` builds
+    `.venv-harness/mini` with mini-swe-agent), relative to the working directory: bound read-only
+    at its own path in the sandbox, its `bin` first on the harness's PATH (so `python` and the
+    package's commands are its). It must be made by the same Python installation as Shipyard's
+    (`python -m venv`). "" for none: the harness sees Shipyard's own Python."""
+    reward: Literal["grader", "harness"] = "grader"
+    """Where a finished session's reward comes from: `grader`, the task's grader on the final
+    workspace in a fresh sandbox; `harness`, the harness itself (its own rubric, e.g. a `verifiers`
+    environment's), which writes `{"reward": float, "metrics": {...}}` to `$SHIPYARD_REWARD_FILE`
+    before exiting; a missing or malformed file is reward 0 with the reason recorded. The harness
+    is then trusted with its reward: the model's actions must not be able to reach that file."""
     timeout_s: float = Field(300.0, gt=0)
     """Wall time of one session: the harness and everything it started are killed after it."""
     max_calls: int = Field(30, ge=1)

@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from shipyard.config.schema import SandboxConfig
 from shipyard.envs.sandbox.base import SandboxUnavailable
@@ -62,20 +62,22 @@ def make_sandbox(
     network: bool = False,
     base: str | None = None,
     binds: Mapping[str, str] | None = None,
+    ro_binds: Sequence[str] = (),
 ) -> Sandbox:
     """A new sandbox of the backend ``cfg.type`` names, holding ``files``.
 
     ``network`` gives the sandbox network access (the task asks for it); ``base`` is a host
-    directory the workspace forks copy-on-write and ``binds`` host directories mounted inside
-    (a service lease's socket): both bwrap only, a ValueError naming ``sandbox.type`` elsewhere.
+    directory the workspace forks copy-on-write, ``binds`` host directories mounted inside
+    (a service lease's socket) and ``ro_binds`` host directories mounted read-only at their own
+    paths (a harness's virtualenv): all bwrap only, a ValueError naming ``sandbox.type`` elsewhere.
     Raises :class:`~shipyard.envs.sandbox.base.SandboxUnavailable` when the backend cannot run here.
     """
     if cfg.type == "bwrap":
         problem = sandbox_available()
         if problem is not None:
             raise SandboxUnavailable(problem)
-        return BwrapSandbox(files, cfg, network, base=base, binds=binds)
-    if base is not None or binds:
+        return BwrapSandbox(files, cfg, network, base=base, binds=binds, ro_binds=ro_binds)
+    if base is not None or binds or ro_binds:
         raise ValueError(
             f"sandbox.type={cfg.type!r} cannot mount host directories (a repository base or a service "
             "socket) into its sandboxes; repo and db tasks need sandbox.type='bwrap'"

@@ -267,7 +267,8 @@ class BwrapSandbox:
     """One persistent sandboxed workspace; see the module docstring for isolation and limits.
 
     ``binds`` maps extra host directories (which must exist) to absolute sandbox paths, mounted
-    read-write; the grader uses it for a report directory made fresh per grading. ``base`` makes
+    read-write; the grader uses it for a report directory made fresh per grading. ``ro_binds``
+    are host directories mounted read-only at their own paths (a harness's virtualenv). ``base`` makes
     the workspace a copy-on-write fork of a host directory. ``persistent=False`` runs every
     ``exec`` in a one-shot bwrap (no session).
     """
@@ -279,6 +280,7 @@ class BwrapSandbox:
         network: bool = False,
         *,
         binds: Mapping[str, str] | None = None,
+        ro_binds: Sequence[str] = (),
         base: str | None = None,
         persistent: bool = True,
         use_agent: bool = True,
@@ -298,6 +300,10 @@ class BwrapSandbox:
                 raise ValueError(
                     f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
                 )
+        self._ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
+        for path in self._ro_binds:
+            if not os.path.isdir(path):
+                raise ValueError(f"ro_binds: host directory {path!r} does not exist")
         self._base = _check_base(base) if base is not None else None
         self._initial = dict(files or {})
         """Files written at creation or by :meth:`seed`: part of the base :meth:`diff` compares with."""
@@ -371,6 +377,8 @@ class BwrapSandbox:
         for root in _python_roots():
             argv += ["--ro-bind", root, root]
         argv += ["--bind", self._layers[2] if self._base else self._ws, WORKDIR]
+        for ro in self._ro_binds:
+            argv += ["--ro-bind", ro, ro]
         for host, inside in self._binds.items():
             argv += ["--bind", host, inside]
         argv += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]

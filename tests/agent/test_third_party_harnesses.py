@@ -1,0 +1,67 @@
+"""Third-party harnesses, unmodified, with their shipped configs (configs/mini_swe.toml,
+configs/agents_sdk.toml, configs/verifiers_env.toml): a few sessions each on the taught tiny
+model, through the session endpoint, confined to the session's sandbox.
+
+The harnesses' virtualenvs come from `make harnesses` (.venv-harness/); without them these tests
+skip, unless SHIPYARD_REQUIRE_HARNESSES=1 (CI) makes a missing one a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import harness_spec, live_children
+
+from shipyard.agent.play import play
+from shipyard.agent.session import SessionSpec
+from shipyard.config import load_config
+from shipyard.envs.tasks.functions import generated_tasks
+from shipyard.inference.server import InferenceServer
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = {"mini_swe": "mini_swe.toml", "agents_sdk": "agents_sdk.toml", "verifiers": "verifiers_env.toml"}
+TASK = generated_tasks(20, seed=1234)[3]
+
+
+@pytest.fixture(scope="module")
+def server(taught_server: InferenceServer) -> InferenceServer:
+    return taught_server
+
+
+def _spec(server: InferenceServer, tok: Any, name: str) -> SessionSpec:
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the shipped configs' paths are relative to the repository
+    try:
+        cfg = load_config(str(ROOT / "configs" / CONFIGS[name]))
+    finally:
+        os.chdir(cwd)
+    if not os.path.isdir(cfg.harness.venv):
+        if os.environ.get("SHIPYARD_REQUIRE_HARNESSES") == "1":
+            pytest.fail(f"{cfg.harness.venv} is missing: `make harnesses` builds it")
+        pytest.skip(f"{cfg.harness.venv} is missing: `make harnesses` builds it")
+    return harness_spec(server.url, tok, cfg.harness.model_copy(update={"timeout_s": 90.0}))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_third_party_harness_plays_sessions_token_exact(
+    server: InferenceServer, taught_model: Any, name: str
+) -> None:
+    before = live_children()
+    spec = _spec(server, taught_model[1], name)
+    for idx in range(2):
+        segs = play(spec, TASK, "g", idx)
+        log = segs[-1].grade["harness"]
+        assert segs[-1].finish == "done", (segs[-1].reward_info, log)
+        if name == "verifiers":  # the environment's rubric is the reward: the hidden tests it ran
+            assert segs[-1].grade["source"] == "harness" and segs[-1].reward_info["total"] == 6, segs[-1].grade
+        m = segs[0].metrics
+        assert m["calls"] >= 1 and m["retokenized_calls"] == 0, (m, log)
+        assert m["tool_call_parse_frac"] == 1.0 or m["tool_calls"] == 0, m
+        for seg in segs:
+            sampled = [i for i, k in enumerate(seg.loss_mask) if k]
+            assert sampled and all(seg.versions[i] >= 0 for i in sampled)
+            assert all(seg.logprobs[i] <= 0.0 for i in sampled)
+    assert live_children() <= before, "the sandbox, the relay and the harness are gone"
