@@ -56,7 +56,8 @@ def test_a_third_party_harness_plays_sessions_token_exact(
         log = segs[-1].grade["harness"]
         assert segs[-1].finish == "done", (segs[-1].reward_info, log)
         if name == "verifiers":  # the environment's rubric is the reward: the hidden tests it ran
-            assert segs[-1].grade["source"] == "harness" and segs[-1].reward_info["total"] == 6, segs[-1].grade
+            grade = segs[-1].grade
+            assert grade["source"] == "harness" and segs[-1].reward_info["total"] == 6, grade
         m = segs[0].metrics
         assert m["calls"] >= 1 and m["retokenized_calls"] == 0, (m, log)
         assert m["tool_call_parse_frac"] == 1.0 or m["tool_calls"] == 0, m
