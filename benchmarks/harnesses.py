@@ -15,21 +15,30 @@ Definitions (fixed before the first run):
 - ``sessions_per_s``: sessions over the wall time of the harness's batch.
 - ``endpoint_overhead_p50_ms`` / ``_p99_ms``: per call, the time spent in the session endpoint
   itself (rendering, matching the history, answering), not generating. Target p50 <= 5 ms.
-- ``mean_reward``: the sessions' mean reward (no training: the shipped model as it is).
+- ``mean_reward``: the sessions' mean reward (no RL: the shipped model as it is, and with
+  ``--warm-start`` also the warm-started policy, SFT on the expert's demonstrations through
+  mini-swe-agent, ``harnesses_warm_start``).
 
-The model is the configs' (SmolLM2-135M-Instruct, ``--quick``: the tiny random model, one task).
+The model is the configs' (SmolLM2-135M-Instruct, ``--quick``: the tiny random model, one task),
+served by an embedded inference server in its own process (as a run's servers are: in the
+benchmark's process its decode loop would hold the interpreter lock the endpoints need).
 Needs ``make harnesses`` for the third-party ones (a missing virtualenv skips its row, and says
 so). Writes benchmarks/results/harness.json (``harness_quick.json``) under ``harnesses.<name>``.
 
-    python benchmarks/harnesses.py [--quick] [--tasks 8] [--concurrency 4]
+    python benchmarks/harnesses.py [--quick] [--tasks 8] [--concurrency 4] [--warm-start runs/warm/mini_swe]
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
 import os
+import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -130,6 +139,44 @@ def run_harness(
     }
 
 
+def _serve(overrides: list[str], port: int) -> None:
+    """The benchmark's inference server (configs/demo.toml's engine), in a child process."""
+    from shipyard.config import load_config
+    from shipyard.inference.embedded import build_engine
+    from shipyard.inference.server import InferenceServer
+
+    engine, _ = build_engine(load_config(str(ROOT / "configs/demo.toml"), overrides))
+    with InferenceServer(engine, port=port):
+        threading.Event().wait()
+
+
+@contextlib.contextmanager
+def served(overrides: list[str]) -> Iterator[str]:
+    """The URL of :func:`_serve` in a child process, ready; the process is ended on exit."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(overrides, port), daemon=True)
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                httpx.get(f"{url}/version", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's inference server did not start") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.join(30)
+
+
 def _pct(xs: list[float], q: int) -> float | None:
     if not xs:
         return None
@@ -141,33 +188,43 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--tasks", type=int, default=8, help="held-out tasks per harness")
     ap.add_argument("--concurrency", type=int, default=4, help="sessions played at once")
+    ap.add_argument(
+        "--warm-start",
+        default="",
+        help="also play every harness with this policy (a `shipyard warmstart` output directory, "
+        "e.g. runs/warm/mini_swe): rows under harnesses_warm_start",
+    )
     args = ap.parse_args()
     os.chdir(ROOT)  # the configs' paths are relative to the repository
     from shipyard.config import load_config
     from shipyard.envs.tasks.splits import heldout_tasks
-    from shipyard.inference.embedded import build_engine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.models.loading import load_tokenizer
 
     quick = ["model.source=tiny", "model.tiny=dense"] if args.quick else []
     n = 1 if args.quick else args.tasks
     base = load_config(str(ROOT / "configs/demo.toml"), quick)
     tasks = heldout_tasks(base, "function", n)
-    engine, tok = build_engine(base)
-    rows: dict[str, dict[str, Any]] = {}
-    with InferenceServer(engine) as srv:
-        for name, config in HARNESSES.items():
-            cfg = load_config(str(ROOT / "configs" / config), quick)
-            if cfg.harness.venv and not os.path.isdir(cfg.harness.venv):
-                print(f"skipped {name}: {cfg.harness.venv} is missing (`make harnesses` builds it)")
-                continue
-            rows[name] = run_harness(name, cfg, srv.url, tok, tasks, args.concurrency)
-            print(name, rows[name])
-    table("harnesses", {k: {c: v for c, v in r.items() if c != "finishes"} for k, r in rows.items()})
-    write_results(
-        args,
-        "harness",
-        {"harnesses": rows, "model": base.model.source, "tasks": [t.id for t in tasks], "machine": machine()},
-    )
+    tok = load_tokenizer(base.model)
+    policies = {"harnesses": quick}
+    if args.warm_start:
+        policies["harnesses_warm_start"] = [*quick, f"model.init_from={args.warm_start}"]
+    out: dict[str, Any] = {"model": base.model.source, "warm_start": args.warm_start or None}
+    for key, overrides in policies.items():
+        rows: dict[str, dict[str, Any]] = {}
+        with served(overrides) as url:
+            for name, config in HARNESSES.items():
+                cfg = load_config(str(ROOT / "configs" / config), quick)
+                if cfg.harness.venv and not os.path.isdir(cfg.harness.venv):
+                    print(f"skipped {name}: {cfg.harness.venv} is missing (`make harnesses` builds it)")
+                    continue
+                rows[name] = run_harness(name, cfg, url, tok, tasks, args.concurrency)
+                print(key, name, rows[name])
+        table(key, {k: {c: v for c, v in r.items() if c != "finishes"} for k, r in rows.items()})
+        out[key] = rows
+    path = args.out / f"harness{'_quick' if args.quick else ''}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    kept = {k: v for k, v in old.items() if k.startswith("mini_swe") or k == "minutes"}  # mini_swe_rl.py's
+    write_results(args, "harness", {**kept, **out, "tasks": [t.id for t in tasks], "machine": machine()})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from tests.conftest import DONE, TOOLS, until
 
 from shipyard.agent.endpoint import SessionEndpoint
 from shipyard.config.schema import HarnessConfig, SamplingConfig
-from shipyard.inference.client import HttpInferenceClient
+from shipyard.inference.client import HttpInferenceClient, LocalInferenceClient
 from shipyard.inference.engine import EmbeddedEngine
 from shipyard.inference.server import InferenceServer
 from shipyard.inference.tools import tool_template
@@ -142,3 +142,16 @@ def test_closing_cancels_a_call_in_flight(server: InferenceServer, taught_model:
     until(lambda: engine.stats["aborted"] > before, timeout_s=10)
     assert engine.stats.get("aborted", 0) > before, "the server stopped generating it"
     assert ep.calls == []
+
+
+def test_an_in_process_engine_serves_the_endpoint(taught_model: Any) -> None:
+    """Evaluations run their engine in-process (no URL): the same session, token-exact."""
+    tok = taught_model[1]
+    with LocalInferenceClient(EmbeddedEngine(*taught_model, max_batch=4)) as client:
+        cfg = HarnessConfig(honor_sampling=True)
+        with SessionEndpoint(client, tok, cfg, SamplingConfig(), max_context=1024) as ep:
+            first, second = _play(_oai(ep))
+    assert first.choices[0].finish_reason == "tool_calls" and second.choices[0].message.content == DONE
+    [seg] = ep.segments("t")
+    a, b = ep.calls
+    assert ep.retokenized_calls == 0 and seg.token_ids == b.prompt_ids + b.result.token_ids

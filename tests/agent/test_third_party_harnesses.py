@@ -8,6 +8,7 @@ skip, unless SHIPYARD_REQUIRE_HARNESSES=1 (CI) makes a missing one a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 from tests.conftest import harness_spec, live_children
 
+from shipyard.agent.demonstrate import demonstrations
 from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
 from shipyard.config import load_config
+from shipyard.config.schema import SamplingConfig
 from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.inference.server import InferenceServer
 
@@ -66,3 +69,21 @@ def test_a_third_party_harness_plays_sessions_token_exact(
             assert sampled and all(seg.versions[i] >= 0 for i in sampled)
             assert all(seg.logprobs[i] <= 0.0 for i in sampled)
     assert live_children() <= before, "the sandbox, the relay and the harness are gone"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_scripted_expert_passes_through_each_harness(
+    server: InferenceServer, taught_model: Any, name: str
+) -> None:
+    """The warm start's demonstrations: the harness unmodified, the expert answering its calls
+    (tool calls in the Hermes format), the grader (or the environment's rubric) scoring 1."""
+    spec = _spec(server, taught_model[1], name)
+    spec = dataclasses.replace(spec, sampling=SamplingConfig(max_tokens=160))  # the heredoc's length
+    [session] = demonstrations(spec, [TASK], concurrency=1)
+    calls = [t for seg in session for t in seg.turns if t["role"] == "assistant"]
+    m = session[0].metrics
+    assert session[-1].reward == 1.0 and m["retokenized_calls"] == 0, (session[-1].reward_info, m)
+    if name != "verifiers":  # a one-shot environment has no tools: the solution comes as text
+        assert m["tool_calls"] >= 1 and m["tool_call_parse_frac"] == 1.0, m
+        assert calls[0]["tool_calls"][0]["name"] in ("bash", "write_file"), calls[0]
+    assert sum(sum(s.loss_mask) for s in session) == sum(t["end"] - t["start"] for t in calls)

@@ -1,4 +1,4 @@
-"""Demonstrations for a warm start: a scripted expert plays long tasks through the real harness.
+"""Demonstrations for a warm start: a scripted expert plays tasks through the real harness.
 
 Purpose: RL needs a policy that sometimes succeeds. SmolLM2-135M never solves a long task at
 base (0/16 at 2 and 4 modules: it does not read, or reads and never writes), so every session's
@@ -18,9 +18,14 @@ code line go into ``solution.py`` as they are, and the count and next step say w
 imports from the order of the notes). So a demonstration is a real session: the same
 prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.play.play`,
 real sandboxes, graded by the hidden tests), only the sampled tokens are the expert's.
+:class:`FunctionToolExpert` does the same for function tasks played by a command harness
+(mini-swe-agent, the Agents SDK, a verifiers environment): the harness runs unmodified against its
+session endpoint, and the expert answers its calls in the Hermes tool-call format with the task's
+reference solution, so the demonstrations teach the harness's own tool protocol.
 :func:`demonstrations` plays a task list and keeps the sessions that passed.
 
-Limits: long tasks only (the expert reads the rules the generator writes); it never guesses, so
+Limits: long tasks with the built-in harness, function tasks (with a reference) with a command
+harness; it never guesses, so
 demonstrations show reading and summarizing, not recovering from mistakes; turn texts longer
 than a request's ``max_tokens`` are cut as the engine would (that session then fails and is
 dropped). Logprobs are 0 and versions -1: demonstrations are for supervised training, not for RL.
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,7 +51,33 @@ from shipyard.inference.types import GenerateRequest, GenerateResult
 SUMMARY_LEAD = "Rules read so far"
 
 
-class LongTaskExpert:
+class _Expert:
+    """What every scripted expert is as an :class:`~shipyard.inference.types.InferenceClient`: version
+    -1, always ready, each request answered by ``_turn`` (the subclass's policy)."""
+
+    def version(self) -> int:
+        return -1
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def wait_ready(self, timeout_s: float = 60.0) -> int:
+        return -1
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return [self._turn(r) for r in requests]
+
+    async def agenerate(self, requests: list[GenerateRequest], http: Any = None) -> list[GenerateResult]:
+        return self.generate(requests)
+
+    def _turn(self, request: GenerateRequest) -> GenerateResult:
+        raise NotImplementedError
+
+
+class LongTaskExpert(_Expert):
     """A scripted policy for one long task (module doc)."""
 
     def __init__(self, task: Task, tokenizer: Any, summary_instruction: str) -> None:
@@ -58,18 +91,6 @@ class LongTaskExpert:
             if rule is None:
                 raise ValueError(f"task {task.id}: {name} states no rule the expert can read")
             self.rules.append(rule)
-
-    def version(self) -> int:
-        return -1
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-    def wait_ready(self, timeout_s: float = 60.0) -> int:
-        return -1
-
-    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        return [self._turn(r) for r in requests]
 
     def reply(self, context: str) -> tuple[str, bool]:
         """(text, is a summary) of the expert's next turn given the context text."""
@@ -94,6 +115,62 @@ class LongTaskExpert:
         return GenerateResult(ids, [0.0] * len(ids), [-1] * len(ids), finish)
 
 
+class FunctionToolExpert(_Expert):
+    """A scripted policy for one function task played by a command harness with tools (module
+    doc): through its session endpoint it answers as a direct agent would, in the Hermes format
+    the endpoint parses. With a ``bash`` tool (mini-swe-agent): a heredoc writing the task's
+    reference ``solution.py``, then ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``; with a
+    ``write_file`` tool (the Agents SDK, the ``openai`` client agent): that file, then a short
+    answer; without tools (a one-shot environment): the solution in a python block. Its step is
+    read from the context: after a tool response it finishes."""
+
+    def __init__(self, task: Task, tokenizer: Any) -> None:
+        if task.kind != "function" or not task.reference:
+            raise ValueError(f"task {task.id}: the expert plays function tasks with a reference solution")
+        self.task, self.tok = task, tokenizer
+
+    def reply(self, context: str) -> str:
+        """The expert's next reply given the context text."""
+        block = re.search(r"<tools>\n(.*?)\n</tools>", context, re.S)  # the schemas, one per line
+        tools = set(re.findall(r'"name": "(\w+)"', block.group(1))) if block else set()
+        done = "<tool_response>" in context
+        ref = self.task.reference
+        if "bash" in tools:
+            command = (
+                "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+                if done
+                else f"cat > solution.py <<'EOF'\n{ref}EOF"
+            )
+            return _hermes_call("bash", {"command": command})
+        if "write_file" in tools:
+            return (
+                "I wrote solution.py."
+                if done
+                else _hermes_call("write_file", {"path": "solution.py", "content": ref})
+            )
+        return f"```python\n{ref}```"
+
+    def _turn(self, request: GenerateRequest) -> GenerateResult:
+        text = self.reply(self.tok.decode(request.prompt_ids, skip_special_tokens=False))
+        ids = [*self.tok(text, add_special_tokens=False).input_ids, self.tok.eos_token_id]
+        finish = "eos"
+        if len(ids) > request.params.max_tokens:
+            ids, finish = ids[: request.params.max_tokens], "length"
+        return GenerateResult(ids, [0.0] * len(ids), [-1] * len(ids), finish)
+
+
+def _hermes_call(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def expert_for(task: Task, tokenizer: Any, summary_instruction: str) -> LongTaskExpert | FunctionToolExpert:
+    """The scripted expert of ``task``: long tasks read their rules, function tasks played by a
+    command harness write the reference through its tools."""
+    if task.source == "long":
+        return LongTaskExpert(task, tokenizer, summary_instruction)
+    return FunctionToolExpert(task, tokenizer)
+
+
 def demonstrations(
     spec: SessionSpec,
     tasks: list[Task],
@@ -101,14 +178,20 @@ def demonstrations(
     on_session: Callable[[int], None] | None = None,
 ) -> list[list[Trajectory]]:
     """The expert's sessions (segments each) on ``tasks`` through ``spec``'s harness, sandboxes
-    and grader (``spec.client`` is replaced by each task's expert); only sessions that passed
-    every hidden test (reward 1, no error) are returned. ``on_session(n)`` is called as the
-    ``n``-th session ends (progress)."""
+    and grader (``spec.client`` is replaced by each task's expert, :func:`expert_for`); only
+    sessions that passed every hidden test (reward 1, no error) are returned. ``on_session(n)`` is
+    called as the ``n``-th session ends (progress)."""
     done = itertools.count(1)
 
     def one(task: Task) -> list[Trajectory]:
-        expert = LongTaskExpert(task, spec.frame.tok, spec.agent.summary.instruction)
-        session = play(dataclasses.replace(spec, client=expert), task, f"demo/{task.id}", 0)
+        session = play(
+            dataclasses.replace(
+                spec, client=expert_for(task, spec.frame.tok, spec.agent.summary.instruction)
+            ),
+            task,
+            f"demo/{task.id}",
+            0,
+        )
         if on_session is not None:
             on_session(next(done))
         return session

@@ -289,9 +289,10 @@ class SessionEndpoint:
 
     async def _sample(self, prompt: list[int], params: SamplingParams) -> tuple[GenerateResult, float]:
         t0 = time.perf_counter()
-        if self._ahttp is None:
+        url = getattr(self.client, "url", None)  # None: an in-process engine (evaluations)
+        if self._ahttp is None and url is not None:
             timeout = httpx.Timeout(self.cfg.timeout_s, connect=10.0)
-            self._ahttp = httpx.AsyncClient(base_url=self.client.url, timeout=timeout)
+            self._ahttp = httpx.AsyncClient(base_url=url, timeout=timeout)
         try:
             [res] = await self.client.agenerate([GenerateRequest(prompt, params)], self._ahttp)
         except Exception as e:

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -136,6 +137,16 @@ class LocalInferenceClient:
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Sample every request (batched with other threads' calls); results in request order."""
         return self._scheduler.generate(requests)
+
+    async def agenerate(self, requests: list[GenerateRequest], http: Any = None) -> list[GenerateResult]:
+        """:meth:`generate` awaited (``http`` unused: the engine is in-process); cancelling the
+        awaiting task stops the requests' rows (they end with ``abort``)."""
+        ticket = self._scheduler.submit(requests)
+        try:
+            return await asyncio.wrap_future(ticket)
+        except asyncio.CancelledError:
+            ticket.cancel_requests()
+            raise
 
     def version(self) -> int:
         return self.engine.version

@@ -116,8 +116,9 @@ class InferenceClient(Protocol):
         """Block until the server answers (TimeoutError after ``timeout_s``); its version."""
 
     async def agenerate(self, requests: list[GenerateRequest], http: Any) -> list[GenerateResult]:
-        """:meth:`generate` over the caller's ``httpx.AsyncClient`` (base URL: the client's ``url``);
-        cancelling the awaiting task cancels the requests at the server."""
+        """:meth:`generate` over the caller's ``httpx.AsyncClient`` (base URL: the client's ``url``;
+        None for an in-process client, which has no ``url``); cancelling the awaiting task cancels
+        the requests at the server."""
 
     def close(self) -> None:
         """Release the connections."""

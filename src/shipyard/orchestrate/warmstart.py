@@ -9,7 +9,9 @@ report ``warmstart.json`` inside it last): config, safetensors and tokenizer, lo
 ``model.source = "hf"`` and ``model.path`` = that directory. Returns the report: demonstrations
 played and kept, segments and tokens trained on, the loss of every epoch, seconds.
 
-Limits: long tasks only (``tasks.set = "long"``: the expert reads their rules); one process.
+Limits: long tasks (``tasks.set = "long"``: the expert reads their rules) with the built-in harness,
+or function tasks with a command harness (the expert writes the reference through its tools,
+:class:`~shipyard.agent.demonstrate.FunctionToolExpert`); one process.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ from shipyard.metrics.progress import StepBar
 def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     import torch
 
-    from shipyard.agent.demonstrate import LongTaskExpert, demonstrations
+    from shipyard.agent.demonstrate import demonstrations, expert_for
     from shipyard.agent.spec import session_spec
     from shipyard.envs.tasks.splits import task_splits
     from shipyard.models.hardware import resolve_bf16
     from shipyard.models.loading import load_model
     from shipyard.trainer.sft import sft
 
-    if cfg.tasks.set != "long":
-        raise ValueError(f"warmstart demonstrations need tasks.set = 'long', got {cfg.tasks.set!r}")
+    if cfg.tasks.set != "long" and cfg.harness.type != "command":
+        raise ValueError(
+            "warmstart demonstrations need tasks.set = 'long' (the built-in harness) or a command "
+            f'harness (harness.type = "command", function tasks); got tasks.set = {cfg.tasks.set!r} '
+            f"and harness.type = {cfg.harness.type!r}"
+        )
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.trainer.threads)
     t0 = time.perf_counter()
@@ -47,9 +53,10 @@ def run_warmstart(cfg: ShipyardConfig) -> dict[str, Any]:
     tasks = train_tasks[: ws.demos]
     if not tasks:
         raise ValueError("warmstart: the training split is empty; raise tasks.num_generated")
-    expert = LongTaskExpert(tasks[0], tok, cfg.agent.summary.instruction)  # one per task, see demonstrations
+    first = expert_for(tasks[0], tok, cfg.agent.summary.instruction)  # one per task, see demonstrations
+    spec = session_spec(cfg, first, tok)
     with StepBar("demonstrations", total=len(tasks)) as bar:
-        sessions = demonstrations(session_spec(cfg, expert, tok), tasks, on_session=bar.update)
+        sessions = demonstrations(spec, tasks, on_session=bar.update)
     if not sessions:
         raise ValueError(
             "warmstart: no demonstration passed its hidden tests; check the tasks and the harness"
