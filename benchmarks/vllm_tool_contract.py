@@ -5,9 +5,15 @@ each prompt with tools, vLLM's prompt ids are compared with the embedded server'
 message (content, tool calls, finish). Needs `.venv-vllm` (`make vllm`); ~3 min. Writes
 benchmarks/results/vllm_tool_contract.json.
 
-    python benchmarks/vllm_tool_contract.py
+    python benchmarks/vllm_tool_contract.py [--policy runs/warm/mini_swe]
+
+``--policy DIR`` serves that HF directory instead (the warm-started policy, which calls tools),
+asks it the way mini-swe-agent does (its system prompt, 5 held-out function tasks, its ``bash``
+tool, 160 tokens) and merges its figures under ``policy`` in the same results file, so the
+tool-call branches of both parsers are compared on replies that do call.
 """
 
+import argparse
 import json
 import pathlib
 import tempfile
@@ -16,7 +22,10 @@ from typing import Any
 
 import httpx
 
+from shipyard.agent.session import first_message
+from shipyard.config import load_config
 from shipyard.config.schema import ModelConfig
+from shipyard.envs.tasks.splits import heldout_tasks
 from shipyard.inference.openai_api import ChatCompletionBody, chat_requests, reply
 from shipyard.inference.tools import tool_template
 from shipyard.inference.types import GenerateResult
@@ -48,13 +57,29 @@ PROMPTS = [
 SEEDS = 3
 
 
-def start_vllm(tok: Any, work: pathlib.Path) -> VllmProcess:
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+            "required": ["command"],
+        },
+    },
+}
+"""mini-swe-agent's one tool (minisweagent.models.utils.actions_toolcall.BASH_TOOL)."""
+MINI_SYSTEM = "You are a helpful assistant that can interact with a computer."
+
+
+def start_vllm(tok: Any, work: pathlib.Path, model_dir: pathlib.Path) -> VllmProcess:
     """vLLM's server with Shipyard's tool template and the hermes parser, ready."""
     template = work / "hermes.jinja"
     template.write_text(tool_template(tok).template)
     proc = VllmProcess(
         ROOT / ".venv-vllm/bin/python",
-        smollm2_dir("~/.cache/shipyard/models"),
+        model_dir,
         work / "server.log",
         served_name="smollm2",
         dtype="float32",
@@ -81,14 +106,11 @@ def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
-def compare(url: str, tok: Any, prompt: str, seed: int) -> dict[str, Any]:
+def compare(
+    url: str, tok: Any, messages: list[dict[str, str]], seed: int, tools: list[Any], max_tokens: int
+) -> dict[str, Any]:
     """One request with tools to vLLM, checked against the embedded server's prompt and parser."""
-    body = {
-        "model": "smollm2",
-        "messages": [{"role": "user", "content": prompt}],
-        "tools": TOOLS,
-        "max_tokens": 60,
-    }
+    body = {"model": "smollm2", "messages": messages, "tools": tools, "max_tokens": max_tokens}
     [ours], plan = chat_requests(ChatCompletionBody(**body), tok, "smollm2", 2048, 1)
     answer = httpx.post(
         f"{url}/v1/chat/completions",
@@ -111,14 +133,27 @@ def compare(url: str, tok: Any, prompt: str, seed: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--policy", default="", help="an HF directory to serve instead of SmolLM2 (module doc)")
+    args = ap.parse_args()
     tok = load_tokenizer(ModelConfig())
-    proc = start_vllm(tok, pathlib.Path(tempfile.mkdtemp(prefix="shipyard-vllm-tools-")))
+    if args.policy:
+        cfg = load_config(str(ROOT / "configs/mini_swe.toml"))
+        asks = [
+            [{"role": "system", "content": MINI_SYSTEM}, {"role": "user", "content": first_message(t)}]
+            for t in heldout_tasks(cfg, "function", 5)
+        ]
+        model_dir, tools, max_tokens = ROOT / args.policy, [BASH], 160
+    else:
+        asks = [[{"role": "user", "content": p}] for p in PROMPTS]
+        model_dir, tools, max_tokens = smollm2_dir("~/.cache/shipyard/models"), TOOLS, 60
+    proc = start_vllm(tok, pathlib.Path(tempfile.mkdtemp(prefix="shipyard-vllm-tools-")), model_dir)
     records = []
     try:
-        for prompt in PROMPTS:
+        for messages in asks:
             for seed in range(SEEDS):
-                records.append(compare(proc.url, tok, prompt, seed))
-                print(prompt, seed, records[-1], flush=True)
+                records.append(compare(proc.url, tok, messages, seed, tools, max_tokens))
+                print(messages[-1]["content"][:60], seed, records[-1], flush=True)
     finally:
         proc.stop()
     summary = {
@@ -130,8 +165,13 @@ def main() -> None:
         "finish_equal": sum(r["vfin"] == r["ofin"] for r in records),
         "records": records,
     }
-    (ROOT / "benchmarks/results/vllm_tool_contract.json").write_text(json.dumps(summary, indent=1))
-    print({k: v for k, v in summary.items() if k != "records"})
+    path = ROOT / "benchmarks/results/vllm_tool_contract.json"
+    if args.policy:
+        current = json.loads(path.read_text()) if path.exists() else {}
+        summary = {**current, "policy": {"dir": args.policy, **summary}}
+    path.write_text(json.dumps(summary, indent=1))
+    shown = summary["policy"] if args.policy else summary
+    print({k: v for k, v in shown.items() if k != "records"})
 
 
 if __name__ == "__main__":
