@@ -8,7 +8,11 @@ Definitions (fixed before the first run):
   ``/generate`` answer, recorded by a wrapper around the client the sessions share), the fraction
   found in a segment with loss mask 1, with the same id and a bit-identical logprob, at a
   position whose preceding segment tokens are exactly that call's prompt ids: what the trainer
-  scores is what was sampled, in the context it was sampled in. Target 1.0.
+  scores is what was sampled, in the context it was sampled in. Target 1.0. A session that ended
+  in error (e.g. the harness crashed) has every loss mask 0 by design (none of its tokens is
+  trained); its tokens count as exact when id, logprob and context are (its sessions are in
+  ``finishes``). (Amended after the first run with the warm-started policy, where 6 Agents SDK
+  sessions crashed and their masked tokens counted as inexact: 0.53.)
 - ``retokenized_calls``: calls whose history matched no earlier sample (summed). Target 0.
 - ``tool_call_parse_frac``: replies holding a tool call that parsed, over replies attempting one
   (summed over sessions; None where no reply attempted one: nothing to parse is not a rate).
@@ -92,7 +96,7 @@ def token_exact(records: list[tuple[list[int], Any]], segs: list[Any]) -> tuple[
             good = sum(
                 1
                 for i, lp, m, ri, rl in zip(ids, lps, mask, res.token_ids, res.logprobs, strict=False)
-                if m == 1 and i == ri and lp == rl
+                if (m == 1 or seg.error is not None) and i == ri and lp == rl
             )
             if good == n:
                 exact += n
