@@ -50,7 +50,7 @@ format: setup
 	$(VENV)/bin/ruff format src tests benchmarks && $(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench-quick: setup
-	for b in pipeline inference batching weight_codec weight_sync sandbox services mismatch long_horizon precision weight_apply view serving kv_cache; do \
+	for b in pipeline inference batching weight_codec weight_sync sandbox services mismatch long_horizon precision weight_apply view serving kv_cache harnesses; do \
 	  $(VPY) benchmarks/$$b.py --quick || exit 1; done
 
 screenshots: setup  # docs/img/view-*.png from a real run: make screenshots RUN=runs/demo
