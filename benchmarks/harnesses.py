@@ -104,9 +104,7 @@ def token_exact(records: list[tuple[list[int], Any]], segs: list[Any]) -> tuple[
     return exact, total
 
 
-def run_harness(
-    name: str, cfg: Any, server_url: str, tok: Any, tasks: list[Any], conc: int
-) -> dict[str, Any]:
+def run_harness(cfg: Any, server_url: str, tok: Any, tasks: list[Any], conc: int) -> dict[str, Any]:
     from shipyard.agent.play import play
     from shipyard.agent.spec import session_spec
     from shipyard.inference.client import HttpInferenceClient
@@ -221,7 +219,7 @@ def main() -> None:
                 if cfg.harness.venv and not os.path.isdir(cfg.harness.venv):
                     print(f"skipped {name}: {cfg.harness.venv} is missing (`make harnesses` builds it)")
                     continue
-                rows[name] = run_harness(name, cfg, url, tok, tasks, args.concurrency)
+                rows[name] = run_harness(cfg, url, tok, tasks, args.concurrency)
                 print(key, name, rows[name])
         table(key, {k: {c: v for c, v in r.items() if c != "finishes"} for k, r in rows.items()})
         out[key] = rows

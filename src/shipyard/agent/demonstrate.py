@@ -33,6 +33,7 @@ dropped). Logprobs are 0 and versions -1: demonstrations are for supervised trai
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import itertools
 import json
@@ -51,7 +52,7 @@ from shipyard.inference.types import GenerateRequest, GenerateResult
 SUMMARY_LEAD = "Rules read so far"
 
 
-class _Expert:
+class _Expert(abc.ABC):
     """What every scripted expert is as an :class:`~shipyard.inference.types.InferenceClient`: version
     -1, always ready, each request answered by ``_turn`` (the subclass's policy)."""
 
@@ -65,7 +66,8 @@ class _Expert:
         return -1
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the expert holds no connection."""
+        return None
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return [self._turn(r) for r in requests]
@@ -73,8 +75,9 @@ class _Expert:
     async def agenerate(self, requests: list[GenerateRequest], http: Any = None) -> list[GenerateResult]:
         return self.generate(requests)
 
+    @abc.abstractmethod
     def _turn(self, request: GenerateRequest) -> GenerateResult:
-        raise NotImplementedError
+        """The expert's answer to one request (its policy)."""
 
 
 class LongTaskExpert(_Expert):

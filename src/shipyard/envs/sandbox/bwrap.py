@@ -263,6 +263,26 @@ def _check_base(base: str) -> str:
     return path
 
 
+def _checked_binds(
+    binds: Mapping[str, str], ro_binds: Sequence[str]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``binds`` and ``ro_binds`` (:class:`BwrapSandbox`) checked: host directories that exist,
+    read-write ones mounted at absolute paths outside the system directories and the workspace."""
+    for host, inside in binds.items():
+        if not os.path.isdir(host):
+            raise ValueError(f"binds: host directory {host!r} does not exist; create it first")
+        top = inside.split("/")[1] if inside.startswith("/") else ""
+        if not top or top in _RESERVED or top == WORKDIR.strip("/"):
+            raise ValueError(
+                f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
+            )
+    ro = tuple(os.path.abspath(p) for p in ro_binds)
+    for path in ro:
+        if not os.path.isdir(path):
+            raise ValueError(f"ro_binds: host directory {path!r} does not exist")
+    return dict(binds), ro
+
+
 class BwrapSandbox:
     """One persistent sandboxed workspace; see the module docstring for isolation and limits.
 
@@ -291,19 +311,7 @@ class BwrapSandbox:
         self.cfg = cfg if cfg is not None else SandboxConfig()
         self.network = network
         self.persistent = persistent
-        self._binds = dict(binds or {})
-        for host, inside in self._binds.items():
-            if not os.path.isdir(host):
-                raise ValueError(f"binds: host directory {host!r} does not exist; create it first")
-            top = inside.split("/")[1] if inside.startswith("/") else ""
-            if not top or top in _RESERVED or top == WORKDIR.strip("/"):
-                raise ValueError(
-                    f"binds: sandbox path {inside!r} must be absolute, outside system dirs and the workspace"
-                )
-        self._ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
-        for path in self._ro_binds:
-            if not os.path.isdir(path):
-                raise ValueError(f"ro_binds: host directory {path!r} does not exist")
+        self._binds, self._ro_binds = _checked_binds(binds or {}, ro_binds)
         self._base = _check_base(base) if base is not None else None
         self._initial = dict(files or {})
         """Files written at creation or by :meth:`seed`: part of the base :meth:`diff` compares with."""
