@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 

@@ -3,7 +3,7 @@
 Contract: one model (SmolLM2-135M in the engine's precision, as `build_engine` makes it; the tiny
 dense model with ``--quick``) prefills ``--positions`` random tokens per row, then decodes
 ``--steps`` one-token steps with a KV cache, once with ``attn_implementation="sdpa"``
-(transformers) and once with ``"shipyard_sdpa"`` (:mod:`shipyard.inference.attention`), alternating
+(transformers) and once with ``"shipyard_sdpa"`` (:mod:`shipyard.inference.engine.attention`), alternating
 over ``--repeats`` rounds; the best round of each is kept (the machine may be shared). Cases: one
 row; 12 rows of one length (no padding: transformers takes its ``enable_gqa`` path); 12 and 16 rows
 with a third of them left-padded (transformers packs the heads itself). Prints a table and writes
@@ -72,8 +72,8 @@ def main() -> int:
     import torch
 
     from shipyard.config.load import load_config
-    from shipyard.inference.attention import NAME
-    from shipyard.inference.embedded import build_engine
+    from shipyard.inference.backends.embedded import build_engine
+    from shipyard.inference.engine.attention import NAME
     from shipyard.models.loading import load_model
 
     torch.set_num_threads(args.threads)

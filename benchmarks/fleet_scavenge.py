@@ -70,7 +70,7 @@ PLOT = ROOT / "docs" / "fleet_scavenge.png"
 def engine(quick: bool, threads: int) -> Any:
     import torch
 
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.models.precision import engine_precision
 
@@ -88,7 +88,7 @@ class Arm:
 
     def __init__(self, eng: Any, scavenge: ScavengeConfig | None, rl: bool) -> None:
         from shipyard.inference.client import HttpInferenceClient
-        from shipyard.inference.server import InferenceServer
+        from shipyard.inference.serving.server import InferenceServer
 
         self.eng = eng
         if eng.prefix is not None:  # every arm starts cold: the windows replay the same prompts

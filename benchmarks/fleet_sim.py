@@ -121,7 +121,7 @@ def measure_engine(cfg: ShipyardConfig, quick: bool) -> tuple[EngineProfile, lis
     """Time the run's engine alone on batches of rows and prompt lengths; fit its profile."""
     import torch
 
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.inference.types import GenerateRequest, SamplingParams
     from shipyard.models.loading import load_model
     from shipyard.models.precision import engine_precision

@@ -64,7 +64,7 @@ class Node:
     def __init__(self, cfg: ShipyardConfig, model: Any, tok: Any, env: Any) -> None:
         from shipyard.agent.spec import session_spec
         from shipyard.inference.client import LocalInferenceClient
-        from shipyard.inference.engine import EmbeddedEngine
+        from shipyard.inference.engine.engine import EmbeddedEngine
         from shipyard.models.precision import engine_precision
 
         engine_precision(model, cfg.inference)

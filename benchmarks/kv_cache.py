@@ -3,7 +3,7 @@
 Contract: the demo's engine (SmolLM2-135M in the engine's precision, as `build_engine` makes it from
 `configs/demo.toml`; the tiny dense model with ``--quick``), two measurements, each run with
 ``kv_slack = 0`` (transformers' ``DynamicLayer``: every decode step copies every layer's cache) and
-with ``kv_slack = 64`` (:mod:`shipyard.inference.kv_cache`), alternating over ``--repeats`` rounds and
+with ``kv_slack = 64`` (:mod:`shipyard.inference.engine.kv_cache`), alternating over ``--repeats`` rounds and
 keeping each one's best (the machine may be shared):
 
 - ``steps``: the model's decode step alone, ``--steps`` steps after a prefill of ``--positions``
@@ -37,7 +37,7 @@ def decode_ms(model: Any, slack: int, rows: int, positions: int, steps: int) -> 
     """ms a decode step of ``rows`` rows after a prefill of ``positions`` tokens."""
     import torch
 
-    from shipyard.inference.kv_cache import slack_cache
+    from shipyard.inference.engine.kv_cache import slack_cache
 
     g = torch.Generator().manual_seed(0)
     ids_BT = torch.randint(0, model.get_input_embeddings().num_embeddings, (rows, positions), generator=g)
@@ -86,8 +86,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=192)
     args = p.parse_args()
     from shipyard.config.load import load_config
-    from shipyard.inference.embedded import build_engine
-    from shipyard.inference.kv_cache import SLACK
+    from shipyard.inference.backends.embedded import build_engine
+    from shipyard.inference.engine.kv_cache import SLACK
 
     cfg = load_config(str(ROOT / "configs" / "demo.toml"), ["model.source=tiny"] if args.quick else [])
     engine = build_engine(cfg)[0]

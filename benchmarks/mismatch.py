@@ -8,7 +8,7 @@ on Python standard-library source, plus the MoE load-balancing loss) so routing 
 (expert-usage entropy reported). Then each sampler variant (:data:`SAMPLERS`: plain bf16; bf16
 with the final norm + LM head in fp32, :func:`~shipyard.models.precision.cast_for_sampling`; the
 same plus fp32 routers; bf16-rounded weights computed in fp32; fp32) samples continuations of
-held-out source prompts through :class:`~shipyard.inference.engine.EmbeddedEngine` (temperature
+held-out source prompts through :class:`~shipyard.inference.engine.engine.EmbeddedEngine` (temperature
 1), the requests shuffled into batches of random sizes (varied batch composition, left padding),
 with per-token logprobs μ and, for the MoE, the routes of every forwarded token. The fp32 trainer
 recomputes π_old of the sampled tokens (:func:`~shipyard.trainer.logprobs.token_logprobs`):
@@ -80,7 +80,7 @@ from rich.table import Table
 from torch import Tensor
 
 from shipyard.config.schema import InferenceConfig, ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.models.precision import cast_for_sampling

@@ -152,8 +152,8 @@ class Bench:
             raise
 
     def _start(self) -> None:
-        from shipyard.inference.base import start_node
-        from shipyard.inference.engine import EmbeddedEngine
+        from shipyard.inference.backends.base import start_node
+        from shipyard.inference.engine.engine import EmbeddedEngine
         from shipyard.models.loading import load_model
         from shipyard.models.precision import engine_precision
         from shipyard.online.database import OnlineDB

@@ -5,7 +5,7 @@ fixed when torch loads) measures, on one thread as the demo runs:
 
 - trainer: tokens/s of :func:`shipyard.trainer.step.train_step` (forward, backward, AdamW) on
   synthetic sessions, ``trainer.bf16_decoder`` false vs true, the demo's top-6-block training;
-- engine: generated tokens/s of an :class:`~shipyard.inference.engine.EmbeddedEngine` (batched
+- engine: generated tokens/s of an :class:`~shipyard.inference.engine.engine.EmbeddedEngine` (batched
   sampling, KV cache) with ``inference.dtype`` float32 vs bfloat16 (fp32 head);
 - the choices of ``trainer.bf16_decoder = "auto"`` and ``inference.dtype = "auto"`` there;
 - GFLOP/s of a 1024x1024 matmul in both dtypes (``matmul_gflops_fp32``, ``matmul_gflops_bf16``).
@@ -98,7 +98,7 @@ def trainer_tok_s(quick: bool, bf16: bool) -> float:
 def engine_tok_s(quick: bool, dtype: str) -> float:
     """Generated tokens/s of a batch of prompts (after a one-token warm-up)."""
     from shipyard.config.schema import InferenceConfig
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.inference.types import GenerateRequest, SamplingParams
     from shipyard.models.precision import engine_precision
 

@@ -116,8 +116,8 @@ def abandonment(url: str, engine: Any, n: int) -> float:
 def shutdown(model: Any, tok: Any, n: int) -> float:
     import httpx
 
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.engine.engine import EmbeddedEngine
+    from shipyard.inference.serving.server import InferenceServer
 
     server = InferenceServer(EmbeddedEngine(model, tok, max_batch=8), drain_s=5.0).start()
     body = {"messages": MSG, "max_tokens": 2000, "temperature": 1.0}
@@ -150,8 +150,8 @@ def main() -> int:
     import torch
 
     from shipyard.config.schema import ModelConfig
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.engine.engine import EmbeddedEngine
+    from shipyard.inference.serving.server import InferenceServer
     from shipyard.models.loading import load_model
 
     p = harness.parser(__doc__)

@@ -26,10 +26,10 @@ from shipyard.agent.session import first_message
 from shipyard.config import load_config
 from shipyard.config.schema import ModelConfig
 from shipyard.envs.tasks.splits import heldout_tasks
-from shipyard.inference.openai_api import ChatCompletionBody, chat_requests, reply
-from shipyard.inference.tools import tool_template
+from shipyard.inference.backends.vllm_server import VllmProcess
+from shipyard.inference.serving.openai_api import ChatCompletionBody, chat_requests, reply
+from shipyard.inference.serving.tools import tool_template
 from shipyard.inference.types import GenerateResult
-from shipyard.inference.vllm_server import VllmProcess
 from shipyard.models.loading import load_tokenizer, smollm2_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

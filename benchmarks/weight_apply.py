@@ -1,6 +1,6 @@
 """Benchmark: a server's sparse weight update, torch advanced indexing vs the engine's numpy bit views.
 
-Contract: a real :class:`~shipyard.inference.engine.EmbeddedEngine` in bf16 (SmolLM2-135M-Instruct,
+Contract: a real :class:`~shipyard.inference.engine.engine.EmbeddedEngine` in bf16 (SmolLM2-135M-Instruct,
 or the tiny dense model with ``--quick``) takes updates in which ``--density`` of every
 parameter's elements changed, with those flat positions (what a subscriber hands it after a
 delta). Two implementations of the engine's staged write alternate ``--reps`` times in one
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import shipyard.inference.engine as engine_mod
+import shipyard.inference.engine.engine as engine_mod
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.models.loading import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -6,7 +6,7 @@ in both directions (the long-haul link). The trainer region runs a real SeaweedF
 origin store) and a publisher process; each inference region runs a process with a
 :class:`~shipyard.weights.relay.WeightRelay` (origin S3 over the shaped link -> the region's
 mirror directory) and ``--servers`` inference servers (a real
-:class:`~shipyard.inference.engine.EmbeddedEngine` in bf16 each, kept current by a
+:class:`~shipyard.inference.engine.engine.EmbeddedEngine` in bf16 each, kept current by a
 :class:`~shipyard.weights.subscriber.WeightSubscriber` reading the mirror). Versions are real:
 consecutive AdamW steps (fp32 master, bf16 serving) of SmolLM2-135M-Instruct, or of the tiny
 dense model with ``--quick``.
@@ -247,7 +247,7 @@ def region_mode(args: argparse.Namespace, mode: str) -> tuple[Any, list[Any]]:
     import torch
 
     from shipyard.config.schema import ModelConfig
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.store import LocalStore
     from shipyard.weights.feed import VersionFeed

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.tools import tool_template
+from shipyard.inference.serving.tools import tool_template
 from shipyard.models.loading import load_model
 
 TOOLS = json.loads((Path(__file__).parent / "agent/harnesses/tools.json").read_text())
@@ -84,8 +84,8 @@ def taught_model() -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def taught_server(taught_model: tuple[Any, Any]) -> Iterator[Any]:
     """An embedded inference server of :func:`taught_model` on loopback."""
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.engine.engine import EmbeddedEngine
+    from shipyard.inference.serving.server import InferenceServer
 
     with InferenceServer(EmbeddedEngine(*taught_model, max_batch=4)) as srv:
         yield srv

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         run_relay(cfg)
     else:
-        from shipyard.inference.serve import serve
+        from shipyard.inference.serving.serve import serve
 
         _stop_on_signals()
         serve(cfg)

@@ -20,7 +20,7 @@ from shipyard.agent.session import SessionSpec
 from shipyard.config.schema import HarnessConfig, SamplingConfig, SandboxConfig
 from shipyard.envs.types import Task
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.serving.server import InferenceServer
 
 HARNESSES = str(Path(__file__).parent / "harnesses")
 TASK = Task(

@@ -16,9 +16,9 @@ from tests.conftest import DONE, TOOLS, until
 from shipyard.agent.endpoint import SessionEndpoint
 from shipyard.config.schema import HarnessConfig, SamplingConfig
 from shipyard.inference.client import HttpInferenceClient, LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.server import InferenceServer
-from shipyard.inference.tools import tool_template
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.server import InferenceServer
+from shipyard.inference.serving.tools import tool_template
 
 USER = [{"role": "user", "content": "Look at a.py"}]
 

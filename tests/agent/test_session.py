@@ -9,7 +9,7 @@ from shipyard.agent.spec import SandboxWorkbench
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig
 from shipyard.envs.types import RewardResult, Task
 from shipyard.inference.client import LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 

@@ -27,7 +27,7 @@ from shipyard.envs.tasks.functions import REMINDER
 from shipyard.envs.tasks.kinds import clip_output
 from shipyard.envs.types import Task
 from shipyard.inference.client import LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.rollout.types import RolloutBatch

@@ -22,7 +22,7 @@ from shipyard.agent.session import SessionSpec
 from shipyard.config import load_config
 from shipyard.config.schema import SamplingConfig
 from shipyard.envs.tasks.functions import generated_tasks
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.serving.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {"mini_swe": "mini_swe.toml", "agents_sdk": "agents_sdk.toml", "verifiers": "verifiers_env.toml"}

@@ -137,7 +137,7 @@ def test_db_migration_write_is_tried_and_rolled_back_then_graded() -> None:
 
 @pytest.fixture(scope="module")
 def engine_tok():
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
 
     model, tok = load_model(ModelConfig(source="tiny", tiny="dense"))

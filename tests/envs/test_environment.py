@@ -27,10 +27,10 @@ from shipyard.envs.services.postgres import postgres_available
 from shipyard.envs.tasks.db import APPLY, MIGRATION_FILE, db_tasks
 from shipyard.envs.tasks.repo import apply_patch_locally, repo_tasks
 from shipyard.envs.types import Task
+from shipyard.inference.backends.embedded import EmbeddedNode
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.embedded import EmbeddedNode
+from shipyard.orchestrate.components import assemble_worker
 from shipyard.rollout.types import RolloutBatch
-from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
 from shipyard.store.run import stamp_new_run
 from shipyard.trainer.feed import Taken
@@ -191,7 +191,7 @@ def test_worker_mixes_canaries_and_the_trainer_logs_hack_metrics(tmp_path: Path)
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, [ADD])
+        worker = assemble_worker(cfg, "w0", store, spec, [ADD])
         assert worker.run(max_batches=3) == 3
     finally:
         node.stop()
@@ -225,7 +225,7 @@ def test_worker_plays_db_tasks_on_per_rollout_clones(tmp_path: Path) -> None:
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, [])
+        worker = assemble_worker(cfg, "w0", store, spec, [])
         assert [t.kind for t in worker.tasks] == ["db"]
         assert worker.run(max_batches=1) == 1
         assert worker.env.services._services == {}  # the pool's server was stopped when run ended

@@ -25,8 +25,8 @@ from shipyard.envs.tasks.grade import hidden_tests_reward
 from shipyard.envs.tasks.kinds import GradingContext
 from shipyard.envs.tasks.repo import RepoCache
 from shipyard.envs.types import Task
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.server import InferenceServer
 from shipyard.models.loading import build_tiny, load_model
 
 TASK_PROMPT = "Fix `format_cents` for negative amounts."

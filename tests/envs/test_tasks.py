@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import collections
 import importlib.metadata
+import pathlib
 import re
 import sys
 import types
@@ -17,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shipyard.config.schema import SandboxConfig
+from shipyard.config.schema import TASK_KINDS, SandboxConfig
 from shipyard.envs.grading.grader import expected_tests, grade
 from shipyard.envs.sandbox import sandbox_available
 from shipyard.envs.sandbox.bwrap import BwrapSandbox
 from shipyard.envs.tasks.functions import FAMILIES, RUN_VISIBLE, FunctionKind, generated_tasks, split_tasks
 from shipyard.envs.tasks.humaneval import humaneval_tasks
+from shipyard.envs.tasks.kinds import task_kind
 from shipyard.envs.types import Task
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
@@ -205,3 +207,24 @@ def test_humaneval_canonical_passes_and_empty_body_fails() -> None:
     stub = tasks[0].prompt.split("```python\n")[1].split("```")[0] + "    pass\n"
     res = grade(tasks[0], {"solution.py": stub}, CFG)
     assert res.reward == 0.0 and res.details["tests"]["test_check"]["outcome"] == "failed"
+
+
+def test_the_task_kinds_are_listed_once() -> None:
+    """Every kind of TASK_KINDS has its kind object under its own name; no other module spells out
+    the list again (a tuple, list or set literal holding every kind, besides ``TaskKindName``'s)."""
+    assert set(TASK_KINDS) == {"function", "db", "repo"}
+    assert [task_kind(k).name for k in TASK_KINDS] == list(TASK_KINDS)
+    with pytest.raises(ValueError, match="known kinds are"):
+        task_kind("notebook")
+    src = pathlib.Path(__file__).resolve().parents[2] / "src" / "shipyard"
+    again = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) == len(TASK_KINDS):
+                values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if values == set(TASK_KINDS):
+                    again.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert len(again) == 1 and again[0].startswith("config/schema.py:"), (
+        f"the task kinds are listed in {again}; list them once (shipyard.config.schema.TaskKindName) "
+        "and use shipyard.config.schema.TASK_KINDS"
+    )

@@ -16,7 +16,7 @@ from shipyard.config.load import load_config
 from shipyard.envs.tasks.splits import task_splits
 from shipyard.eval.evaluate import evaluate
 from shipyard.inference.client import LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult
 from shipyard.models.loading import load_model
 

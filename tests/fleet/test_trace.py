@@ -37,8 +37,8 @@ def test_arrivals_follow_the_rate_and_repeat_with_the_seed() -> None:
 
 def test_replay_against_a_tiered_server_serves_production_first() -> None:
     from shipyard.inference.client import HttpInferenceClient
-    from shipyard.inference.engine import EmbeddedEngine
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.engine.engine import EmbeddedEngine
+    from shipyard.inference.serving.server import InferenceServer
     from shipyard.models.loading import load_model
 
     engine = EmbeddedEngine(*load_model(ModelConfig(source="tiny", tiny="dense")), max_batch=4)

@@ -18,7 +18,7 @@ from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, San
 from shipyard.envs.types import Task
 from shipyard.fleet.verify import QUARANTINE_PREFIX, RolloutVerifier, VersionModels
 from shipyard.inference.client import LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.models.loading import load_model
 from shipyard.rollout.types import RolloutBatch
 from shipyard.store.local import LocalStore

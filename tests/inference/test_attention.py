@@ -1,4 +1,4 @@
-"""The CPU engine's decode attention (shipyard.inference.attention) against transformers' SDPA."""
+"""The CPU engine's decode attention (shipyard.inference.engine.attention) against transformers' SDPA."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from shipyard.inference.attention import NAME, packed_decode_sdpa, use_packed_decode
+from shipyard.inference.engine.attention import NAME, packed_decode_sdpa, use_packed_decode
 from shipyard.models.loading import build_tiny
 
 

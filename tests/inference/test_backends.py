@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig, ShipyardConfig
-from shipyard.inference.base import open_client
+from shipyard.inference.backends.base import open_client
+from shipyard.inference.backends.vllm import moe_layout, routes_wanted, vllm_model_dir
+from shipyard.inference.backends.vllm_server import VllmClient, generate_body, parse_choice, versions_of
+from shipyard.inference.backends.vllm_worker import MirrorSink, _checkpoint_parts, readable_match, reload_set
 from shipyard.inference.client import HttpInferenceClient
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.inference.vllm import moe_layout, routes_wanted, vllm_model_dir
-from shipyard.inference.vllm_server import VllmClient, generate_body, parse_choice, versions_of
-from shipyard.inference.vllm_worker import MirrorSink, _checkpoint_parts, readable_match, reload_set
 from shipyard.models.loading import build_tiny
 from shipyard.store.run import claim_run
 from shipyard.weights.publisher import WeightPublisher, named_params

@@ -21,7 +21,7 @@ import torch
 
 from shipyard.config import load_config
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 
@@ -92,7 +92,7 @@ def test_a_weight_delta_applies_on_the_gpu_as_on_the_cpu() -> None:
 def test_a_gpu_engine_on_a_machine_without_one_is_refused_naming_the_setting(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    from shipyard.inference.embedded import EmbeddedNode
+    from shipyard.inference.backends.embedded import EmbeddedNode
     from shipyard.store import LocalStore
 
     cfg = load_config(ROOT / "configs" / "tiny.toml", ["inference.device=cuda"])

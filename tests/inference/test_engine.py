@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.inference.engine` against transformers on tiny models (and SmolLM2).
+"""Tests of :mod:`shipyard.inference.engine.engine` against transformers on tiny models (and SmolLM2).
 
 Contract checked: greedy output equals ``model.generate(do_sample=False)`` token for token
 (single and left-padded batches, dense and MoE, with rows finishing at different steps);
@@ -26,8 +26,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine, Job, _write
-from shipyard.inference.sampling import sample_tokens
+from shipyard.inference.engine.engine import EmbeddedEngine, Job, _write
+from shipyard.inference.engine.sampling import sample_tokens
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.models.router_replay import RouterSeam
@@ -492,7 +492,7 @@ def test_deterministic_mode_is_batch_invariant(kind: str, request: pytest.Fixtur
 def test_routes_travel_over_http(moe: tuple[Any, Any]) -> None:
     """Rollout workers talk to the engine over HTTP: routes and prompt routes survive the JSON."""
     from shipyard.inference.client import HttpInferenceClient
-    from shipyard.inference.server import InferenceServer
+    from shipyard.inference.serving.server import InferenceServer
 
     model, tok = moe
     engine = EmbeddedEngine(model, tok, max_batch=4)
@@ -708,7 +708,7 @@ def test_prefix_cache_is_off_for_sliding_window_models() -> None:
 
 
 def test_prefix_cache_lru_budget_and_longest_match() -> None:
-    from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
+    from shipyard.inference.engine.prefix_cache import PrefixCache, PrefixEntry
 
     def entry(tokens: list[int]) -> PrefixEntry:
         kv = [torch.zeros(2, len(tokens), 4)]  # 32 bytes per token

@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.inference.kv_cache`: a :class:`SlackLayer` holds exactly what transformers'
+"""Tests of :mod:`shipyard.inference.engine.kv_cache`: a :class:`SlackLayer` holds exactly what transformers'
 ``DynamicLayer`` holds through every operation the engine and transformers apply (prefill, decode
 steps across buffer refills, row selection, a cut of leading columns, crop), copies its cache only
 when a buffer is full or replaced, and the engine's tokens and logprobs are bit-identical with and
@@ -18,8 +18,8 @@ from transformers import MistralConfig
 from transformers.cache_utils import DynamicLayer
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.kv_cache import SlackLayer, full_attention, slack_cache
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.engine.kv_cache import SlackLayer, full_attention, slack_cache
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.server import InferenceServer
 
 MSG = [{"role": "user", "content": "Write a haiku about the sea."}]
 
@@ -260,7 +260,7 @@ def test_shutdown_under_load_drains_then_cancels(model_tok) -> None:
 
 
 def test_a_cancelled_request_resolves_even_when_only_part_of_it_started(model_tok) -> None:
-    from shipyard.inference.scheduler import BatchScheduler
+    from shipyard.inference.engine.scheduler import BatchScheduler
     from shipyard.inference.types import GenerateRequest, SamplingParams
 
     engine = EmbeddedEngine(*model_tok, max_batch=2)

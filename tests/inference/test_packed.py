@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.packed import PackedLinear, can_pack, pack_linears
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.engine.packed import PackedLinear, can_pack, pack_linears
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import build_tiny, load_tokenizer
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from shipyard.config.schema import ScavengeConfig
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.scheduler import BatchScheduler
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.engine.scheduler import BatchScheduler
 from shipyard.inference.types import GenerateRequest, SamplingParams
 
 NO_EOS = {0: -100.0, 1: -100.0, 2: -100.0}

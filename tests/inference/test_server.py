@@ -1,4 +1,4 @@
-"""Tests of :mod:`shipyard.inference.server` and :mod:`shipyard.inference.client` over real HTTP.
+"""Tests of :mod:`shipyard.inference.serving.server` and :mod:`shipyard.inference.client` over real HTTP.
 
 Contract checked: ``/generate`` round-trips token-exact results equal to the engine's own;
 ``/v1/chat/completions`` applies the chat template and answers in OpenAI shape with the
@@ -21,9 +21,9 @@ import pytest
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.client import HttpInferenceClient, LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.openai_api import choice_seed
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.openai_api import choice_seed
+from shipyard.inference.serving.server import InferenceServer
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 

@@ -12,10 +12,10 @@ import openai
 import pytest
 from tests.conftest import CALL, DONE, TOOLS
 
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.openai_api import ChatPlan, reply
-from shipyard.inference.server import InferenceServer
-from shipyard.inference.tools import (
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.openai_api import ChatPlan, reply
+from shipyard.inference.serving.server import InferenceServer
+from shipyard.inference.serving.tools import (
     canonical_assistant,
     chat_messages,
     parse_tool_calls,

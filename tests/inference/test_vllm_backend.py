@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from shipyard.config.schema import ShipyardConfig
-from shipyard.inference.base import open_client, start_node
+from shipyard.inference.backends.base import open_client, start_node
+from shipyard.inference.backends.vllm import PROBE_IDS, VllmNode, moe_layout, vllm_model_dir
+from shipyard.inference.backends.vllm_server import VllmProcess
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.inference.vllm import PROBE_IDS, VllmNode, moe_layout, vllm_model_dir
-from shipyard.inference.vllm_server import VllmProcess
 from shipyard.models.loading import load_model
 from shipyard.models.router_replay import RouterSeam, route_plan
 from shipyard.models.routes import decode_routes

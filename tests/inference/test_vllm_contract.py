@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig
+from shipyard.inference.backends.vllm_server import VllmClient, VllmProcess
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.inference.vllm_server import VllmClient, VllmProcess
 from shipyard.models.loading import load_model, smollm2_dir
 from shipyard.trainer.logprobs import pad_batch, token_logprobs
 

@@ -109,7 +109,7 @@ def test_cuda_reports_without_a_device() -> None:
 
 def test_engine_precision_casts_the_decoder_and_keeps_the_head_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     from shipyard.config.schema import InferenceConfig, ModelConfig
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.models.precision import engine_precision
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.models.loading import build_tiny, load_tokenizer
 from shipyard.models.precision import apply_inference_precision, cast_for_sampling
 from shipyard.models.router_replay import RouterSeam, moe_routers

@@ -22,7 +22,7 @@ import torch
 from shipyard.config.load import load_config
 from shipyard.config.schema import OnlineTrainerConfig, ShipyardConfig
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.online.database import OnlineDB

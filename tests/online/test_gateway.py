@@ -24,8 +24,8 @@ import torch
 
 from shipyard.config.schema import GatewayConfig, ModelConfig, OnlineRewardConfig
 from shipyard.envs.services.postgres import postgres_available
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.server import InferenceServer
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.serving.server import InferenceServer
 from shipyard.models.loading import load_model
 from shipyard.online.database import MIGRATIONS, OnlineDB
 from shipyard.online.feedback import FeedbackClient

@@ -8,9 +8,10 @@ from unittest import mock
 from shipyard.agent.spec import session_spec
 from shipyard.config import load_config
 from shipyard.envs.types import Task
+from shipyard.inference.backends.embedded import EmbeddedNode
 from shipyard.inference.client import HttpInferenceClient
-from shipyard.inference.embedded import EmbeddedNode
 from shipyard.metrics.logger import read_metrics
+from shipyard.orchestrate.components import assemble_worker
 from shipyard.rollout.types import PROGRESS_KEY, RolloutBatch, TrainerProgress
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store import LocalStore
@@ -38,7 +39,7 @@ def test_crashing_sessions_are_recorded_and_the_run_goes_on(tmp_path: Path) -> N
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, [BROKEN, GOOD])
+        worker = assemble_worker(cfg, "w0", store, spec, [BROKEN, GOOD])
         assert worker.run(max_batches=3) == 3
     finally:
         node.stop()
@@ -102,7 +103,7 @@ def test_sync_worker_waits_for_the_trainer_and_the_next_version(tmp_path: Path) 
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
+        worker = assemble_worker(cfg, "w0", store, spec, [GOOD])
         answers, observing = _refusals(worker)
         t = threading.Thread(target=worker.run, kwargs={"max_batches": 2})
         with observing:
@@ -146,7 +147,7 @@ def test_a_silent_peer_does_not_stop_the_run(tmp_path: Path) -> None:
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, [GOOD])
+        worker = assemble_worker(cfg, "w0", store, spec, [GOOD])
         t = threading.Thread(target=worker.run)
         t.start()
         result = run_trainer(cfg, store, tmp_path / "runs" / cfg.run.name)
@@ -198,7 +199,7 @@ def test_streaming_worker_writes_groups_in_finishing_order_under_the_version_gat
     node = EmbeddedNode(cfg, store)
     try:
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("w0", cfg, store, spec, tasks)
+        worker = assemble_worker(cfg, "w0", store, spec, tasks)
         assert worker.run(max_batches=3) == 3
     finally:
         node.stop()
@@ -237,7 +238,7 @@ def test_a_worker_cut_off_from_the_store_keeps_its_batch_and_reports_its_region(
                 break
             threading.Event().wait(0.05)
         spec = session_spec(cfg, HttpInferenceClient(node.url), node.tokenizer)
-        worker = RolloutWorker("eu-w0", cfg, store, spec, [GOOD])
+        worker = assemble_worker(cfg, "eu-w0", store, spec, [GOOD])
         with mock.patch.object(store, "put", put), mock.patch.object(store, "exists", exists):
             assert worker.run(max_batches=2) == 2
     finally:
@@ -261,7 +262,7 @@ def test_tasks_mix_weighs_the_kinds_a_group_draws(tmp_path: Path) -> None:
     def draws(mix: dict[str, float]) -> float:
         cfg = load_config(ROOT / "configs/tiny.toml", [f'store.root="{tmp_path}"'])
         cfg.tasks.mix = mix
-        worker = RolloutWorker("w0", cfg, store, None, funcs + db)  # type: ignore[arg-type]
+        worker = assemble_worker(cfg, "w0", store, None, funcs + db)  # type: ignore[arg-type]
         rng = random.Random(0)
         return sum(worker.draw_task(rng).kind == "db" for _ in range(4000)) / 4000
 
@@ -272,3 +273,23 @@ def test_tasks_mix_weighs_the_kinds_a_group_draws(tmp_path: Path) -> None:
         draws({"function": 1, "repo": 1})
     with pytest.raises(ValueError, match=r"tasks.mix: unknown task kind\(s\) \['sql'\]"):
         load_config(ROOT / "configs/tiny.toml", ["tasks.mix.sql=1.0"])
+
+
+def test_the_worker_constructor_does_no_io(tmp_path: Path) -> None:
+    """Everything the worker reads is handed to it (build_worker reads it); the store is first
+    touched when run() starts, to resume after the worker's last batch."""
+    import pytest
+
+    from shipyard.envs.environment import Environment
+    from shipyard.store.run import RunIdentity
+
+    class Untouchable:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the constructor called store.{name}")
+
+    cfg = load_config(ROOT / "configs/tiny.toml", [f'store.root="{tmp_path}"'])
+    identity = RunIdentity(name="tiny", run_id="r1", created_at=0.0)
+    worker = RolloutWorker("w0", cfg, Untouchable(), None, [GOOD], Environment.from_config(cfg), identity)  # type: ignore[arg-type]
+    assert worker.next_seq == 0 and worker.identity is identity and worker.tasks == [GOOD]
+    with pytest.raises(AssertionError, match="store.list"):
+        worker.run(max_batches=1)  # the first store call is run()'s resume point

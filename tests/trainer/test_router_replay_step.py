@@ -20,7 +20,7 @@ from shipyard.agent.types import Trajectory
 from shipyard.config.schema import AgentConfig, ModelConfig, SamplingConfig, SandboxConfig, TrainerConfig
 from shipyard.envs.types import Task
 from shipyard.inference.client import LocalInferenceClient
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model
 from shipyard.models.router_replay import RouterSeam, moe_routers

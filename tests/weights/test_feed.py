@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine import EmbeddedEngine
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.models.loading import load_model
 from shipyard.store import LocalStore
 from shipyard.weights.feed import FeedFollower, VersionFeed, pack_push, unpack_push

@@ -1,7 +1,7 @@
 """One agent session's OpenAI-compatible endpoint: token-exact records of a foreign harness's calls.
 
 Contract: a :class:`SessionEndpoint` serves ``POST /v1/chat/completions`` (tools included, as
-:mod:`shipyard.inference.openai_api` renders and parses them), ``POST /v1/completions`` and
+:mod:`shipyard.inference.serving.openai_api` renders and parses them), ``POST /v1/completions`` and
 ``GET /v1/models`` for one session, on a unix socket (the harness's sandbox reaches it through
 :mod:`shipyard.agent.harness.relay`) or a loopback port, in front of any
 :class:`~shipyard.inference.types.InferenceClient` (both backends). Requests need
@@ -11,7 +11,7 @@ Contract: a :class:`SessionEndpoint` serves ``POST /v1/chat/completions`` (tools
   version of every token, the finish reason, whether the prompt was ``exact``;
 - never re-tokenizes model output: each reply is remembered as a *state*, the ids of its prompt
   and reply keyed by the conversation it ends (messages in canonical form,
-  :func:`~shipyard.inference.tools.canonical_assistant` for assistant turns, and the tools). A
+  :func:`~shipyard.inference.serving.tools.canonical_assistant` for assistant turns, and the tools). A
   chat call whose history ends with such a reply (re-serialized however the client likes) is
   prompted with that state's ids, the template's turn close, and the new messages' text
   tokenized once; a text completion whose prompt extends a state's decoded text likewise. A
@@ -66,7 +66,7 @@ from pydantic import BaseModel, ConfigDict
 from shipyard.agent.session import session_seed
 from shipyard.agent.types import Trajectory
 from shipyard.config.schema import HarnessConfig, SamplingConfig
-from shipyard.inference.openai_api import (
+from shipyard.inference.serving.openai_api import (
     ChatCompletionBody,
     ChatPlan,
     ChatRender,
@@ -77,8 +77,8 @@ from shipyard.inference.openai_api import (
     sse,
     visible_text,
 )
-from shipyard.inference.server import UvicornThread, errors_in_openai_shape
-from shipyard.inference.tools import canonical_assistant
+from shipyard.inference.serving.server import UvicornThread, errors_in_openai_shape
+from shipyard.inference.serving.tools import canonical_assistant
 from shipyard.inference.types import GenerateRequest, GenerateResult, InferenceClient, SamplingParams
 
 

@@ -17,14 +17,16 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SIGNAL_KINDS = ("thumb", "score", "edit", "tests", "followup", "abandoned")
 """User signal kinds the online gateway accepts as feedback (`shipyard.online.types.FeedbackEvent`)."""
-TASK_KINDS = ("function", "db", "repo")
-"""The kinds of training task (`shipyard.envs.types.Task.kind`) that `tasks.mix` weighs."""
+TaskKindName = Literal["function", "db", "repo"]
+TASK_KINDS: tuple[str, ...] = get_args(TaskKindName)
+"""Every value `shipyard.envs.types.Task.kind` may take, the one list of task kinds: `tasks.mix` weighs
+them, `shipyard.envs.tasks.kinds.task_kind` builds each, each has a held-out split."""
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 """`run.name` is one path component: it names the run's directory and its prefix in the store."""
 
@@ -82,7 +84,7 @@ class VllmConfig(_Section):
     """Attach to this running vLLM server instead of starting one. It must have been started as
     Shipyard starts it: `VLLM_SERVER_DEV_MODE=1`, Shipyard's `src` on `PYTHONPATH`, and
     `--enable-scale-out --logprobs-mode processed_logprobs --worker-extension-cls
-    shipyard.inference.vllm_worker.ShipyardWorkerExtension`."""
+    shipyard.inference.backends.vllm_worker.ShipyardWorkerExtension`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """vLLM's `--dtype` (fp32 keeps the sampler's logprobs closest to the trainer's)."""
     max_model_len: int = Field(4096, ge=64)

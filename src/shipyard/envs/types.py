@@ -39,7 +39,7 @@ class Task:
     source: str = "generated"
     reference: str = ""
     kind: str = "function"
-    """``function``: ``solution.py`` against ``hidden_tests``; ``repo``: a repository squashed to one
+    """One of :data:`shipyard.config.schema.TASK_KINDS`. ``function``: ``solution.py`` against ``hidden_tests``; ``repo``: a repository squashed to one
     commit, graded from the session's diff (:mod:`shipyard.envs.tasks.repo`); ``db``: a migration
     graded by ``hidden_checks`` against a real database (:mod:`shipyard.envs.tasks.db`)."""
     services: list[str] = field(default_factory=list)

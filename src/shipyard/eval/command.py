@@ -90,7 +90,7 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
 
 def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
     """An in-process engine holding ``eval.version`` of the run ``run.name`` (None: the base model)."""
-    from shipyard.inference.embedded import build_engine
+    from shipyard.inference.backends.embedded import build_engine
     from shipyard.store.run import open_run
     from shipyard.weights.snapshot import load_version
 

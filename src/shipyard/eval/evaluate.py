@@ -11,7 +11,10 @@ run ``concurrency`` at a time so the server batches them. A crashed session coun
 A session that summarized itself is scored once (its reward is on every segment); its turns are
 summed over its segments, and the means of its summary metrics (``summaries``, ``summary_tokens``,
 ``session_tokens``, ``hit_budget_unfinished``; :mod:`shipyard.agent.summarize`) and the most
-``session_tokens`` of one session go to ``extra``.
+``session_tokens`` of one session go to ``extra``. Sessions played through a session endpoint
+(command harnesses, :mod:`shipyard.agent.endpoint`) add its counters, summed over sessions:
+``tool_call_attempts`` (replies that tried a tool call), ``tool_call_parse_frac`` (of those, the
+ones that parsed; absent when none tried), ``retokenized_calls`` and ``endpoint_calls``.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ def evaluate(
         extra={
             "turns_mean": sum(tr.num_turns for tr in trajs) / max(len(trajs), 1),
             **_session_means(trajs),
+            **_endpoint_counts(trajs),
             **flagged,
         },
     )
@@ -122,3 +126,18 @@ def _session_means(trajs: list[Trajectory]) -> dict[str, float]:
         return {}
     out = {f"{k}_mean": sum(m[k] for m in with_metrics) / len(with_metrics) for k in keys}
     return {**out, "session_tokens_max": max(m["session_tokens"] for m in with_metrics)}
+
+
+def _endpoint_counts(trajs: list[Trajectory]) -> dict[str, float]:
+    """The session endpoint's counters summed over sessions that carry them (module doc)."""
+    with_calls = [tr.metrics for tr in trajs if "tool_call_attempts" in tr.metrics]
+    if not with_calls:
+        return {}
+    attempts = sum(m["tool_call_attempts"] for m in with_calls)
+    parsed = sum(round(m["tool_call_parse_frac"] * m["tool_call_attempts"]) for m in with_calls)
+    out = {
+        "endpoint_calls": float(sum(m["calls"] for m in with_calls)),
+        "retokenized_calls": float(sum(m["retokenized_calls"] for m in with_calls)),
+        "tool_call_attempts": float(attempts),
+    }
+    return {**out, "tool_call_parse_frac": parsed / attempts} if attempts else out

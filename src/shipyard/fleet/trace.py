@@ -1,6 +1,6 @@
 """A diurnal production trace, replayed as real requests against a server, and an RL load beside it.
 
-Purpose: measure what the tiered scheduler (:mod:`shipyard.inference.scheduler`, ``inference.scavenge``)
+Purpose: measure what the tiered scheduler (:mod:`shipyard.inference.engine.scheduler`, ``inference.scavenge``)
 does to production traffic and how much of the idle capacity RL rollouts take
 (``benchmarks/fleet_scavenge.py``).
 

@@ -1,7 +1,7 @@
 """Clients implementing :class:`shipyard.inference.types.InferenceClient`: over HTTP and in-process.
 
 Contract:
-- :class:`HttpInferenceClient` talks to :mod:`shipyard.inference.server`: ``generate`` sends all
+- :class:`HttpInferenceClient` talks to :mod:`shipyard.inference.serving.server`: ``generate`` sends all
   of its sequences in one ``POST /generate`` (the server batches them with other callers'),
   ``version`` is ``GET /version``, ``wait_ready`` polls ``GET /health``. One pooled ``httpx``
   client is shared, so an instance may be used from several threads at once. Server-side
@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.scheduler import BatchScheduler
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.engine.scheduler import BatchScheduler
 from shipyard.inference.types import GenerateRequest, GenerateResult, Priority
 
 

@@ -98,7 +98,7 @@ def run_gate(
     cache: dict[tuple[Any, ...], list[float]] | None = None,
 ) -> GateDecision:
     """Evaluate (version, weights) ``candidate`` against ``serving`` in ``engine`` (an
-    :class:`~shipyard.inference.engine.EmbeddedEngine` of the policy's architecture); module doc.
+    :class:`~shipyard.inference.engine.engine.EmbeddedEngine` of the policy's architecture); module doc.
     ``cache`` keeps the serving version's per-task outcomes by (version, suite, tasks, samples):
     the same weights with the same seeds score the same, so the next candidate gated against the
     same serving version evaluates only itself."""

@@ -165,7 +165,7 @@ async def _feedback(request: Request, state: _State) -> Response:
 async def _vllm_version(client: httpx.AsyncClient) -> int | None:
     """The weight version a vLLM server serves (Shipyard labels it; vLLM's ``default`` is 0); None
     when it does not say (a server without ``VLLM_SERVER_DEV_MODE``): the answer is then unlogged."""
-    from shipyard.inference.vllm_server import label_version
+    from shipyard.inference.backends.vllm_server import label_version
 
     try:
         resp = await client.get("/weight_info")
@@ -419,7 +419,7 @@ class Gateway:
     """The gateway served by uvicorn in a thread, its buffer and its upstream client."""
 
     def __init__(self, cfg: GatewayConfig, open_sink: Callable[[], LogSink]) -> None:
-        from shipyard.inference.server import UvicornThread
+        from shipyard.inference.serving.server import UvicornThread
 
         if not cfg.upstream:
             raise ValueError(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
-from shipyard.inference.base import InferenceNode, start_node
+from shipyard.inference.backends.base import InferenceNode, start_node
 from shipyard.orchestrate.components import build_worker, trainer_gate
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.run import open_run

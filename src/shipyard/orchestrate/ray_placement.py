@@ -19,7 +19,7 @@ from shipyard.config.schema import ShipyardConfig
 
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig) -> None:
-        from shipyard.inference.base import start_node
+        from shipyard.inference.backends.base import start_node
         from shipyard.store.run import open_run
 
         self.node = start_node(cfg, open_run(cfg.store, cfg.run.name))

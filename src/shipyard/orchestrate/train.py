@@ -6,7 +6,8 @@ trainer and rollout workers, shows live progress until the trainer finishes, sto
 generation, waits for the servers to adopt the final version, evaluates again on the same
 tasks (per task in ``run_dir/eval_after.json``), and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
 ``<results_dir>/demo.json`` (``heldout_n``, ``heldout_before``, ``heldout_after``,
-``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``). Rerunning the same command after a
+``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``, and each evaluation's ``extra``
+as ``before_extra`` / ``after_extra``: turns, and a command harness's tool-call parse rate). Rerunning the same command after a
 crash resumes the trainer from its last checkpoint.
 
 Before any work the run claims its store (:func:`shipyard.store.run.claim_run`): its data lives
@@ -43,7 +44,7 @@ console = Console()
 
 
 def train(cfg: ShipyardConfig) -> dict[str, Any]:
-    from shipyard.inference.base import open_client
+    from shipyard.inference.backends.base import open_client
     from shipyard.models.loading import load_tokenizer
 
     t0 = time.time()
@@ -113,6 +114,7 @@ def _eval_once(
             errors=d["errors"],
             samples=samples,
             sample_passed=d.get("sample_passed", []),
+            extra=d.get("extra", {}),
         )
     if served := latest_version(store) or 0:  # the servers follow the newest version, not the base
         console.print(
@@ -189,6 +191,8 @@ def _report(
             "minutes": summary["minutes"],
             "steps": cfg.trainer.steps,
             "samples_per_s": summary["run"].get("samples_per_s", 0.0),
+            "before_extra": before.extra,
+            "after_extra": after.extra,
         }
         results = Path(cfg.run.results_dir)
         results.mkdir(parents=True, exist_ok=True)

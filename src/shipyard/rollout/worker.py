@@ -28,9 +28,10 @@ Environment: each session runs through the worker's :class:`~shipyard.envs.envir
 when :meth:`RolloutWorker.run` returns), so every trajectory carries ``reward_components`` and
 ``flags``. Function-task sessions take their sandbox from a :class:`SandboxPool` (pre-warmed,
 commands capped at the core count; ``sandbox.pool.rollouts``, closed when :meth:`run` returns);
-db and repo tasks get theirs from the environment. Besides the tasks it is given, it trains on the generated db and repo tasks and the task
-files the config names (``tasks.num_db``, ``tasks.num_repo``, ``tasks.files``); ``tasks.mix`` weighs
-the kinds a group draws from (:meth:`RolloutWorker.draw_task`). With
+db and repo tasks get theirs from the environment. It trains on the tasks it is given
+(:func:`~shipyard.orchestrate.components.build_worker` gives it the training split, the generated
+db and repo tasks and the task files the config names: ``tasks.num_db``, ``tasks.num_repo``,
+``tasks.files``); ``tasks.mix`` weighs the kinds a group draws from (:meth:`RolloutWorker.draw_task`). With
 ``anticheat.canary_rate > 0`` a group plays a canary task (passable only by
 cheating, :func:`shipyard.envs.grading.anticheat.canary_tasks`) with that probability.
 """
@@ -51,22 +52,36 @@ from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.environment import Environment
 from shipyard.envs.grading.anticheat import canary_tasks
 from shipyard.envs.sandbox.pool import SandboxPool
-from shipyard.envs.tasks.files import extra_training_tasks
 from shipyard.envs.types import Task
 from shipyard.rollout.types import FINISHED_KEY, PROGRESS_KEY, ROLLOUT_PREFIX, RolloutBatch, TrainerProgress
 from shipyard.store.retry import until_reachable
-from shipyard.store.run import read_identity
+from shipyard.store.run import RunIdentity
 from shipyard.store.types import Store
 from shipyard.weights.versions import read_manifest
 
 
 class RolloutWorker:
+    """One rollout worker; :func:`shipyard.orchestrate.components.build_worker` assembles it (its
+    constructor does no I/O: the store is first read when :meth:`run` starts)."""
+
     def __init__(
-        self, worker_id: str, cfg: ShipyardConfig, store: Store, spec: SessionSpec, tasks: list[Task]
+        self,
+        worker_id: str,
+        cfg: ShipyardConfig,
+        store: Store,
+        spec: SessionSpec,
+        tasks: list[Task],
+        env: Environment,
+        identity: RunIdentity,
     ) -> None:
-        self.tasks = tasks + extra_training_tasks(cfg.tasks)  # tasks.num_db, num_repo, files
-        if not self.tasks:
-            raise ValueError("rollout worker needs at least one training task (check tasks.num_generated)")
+        """``spec`` holds the policy's client and the harness every session is played by;
+        ``tasks`` are every training task (the config's extra ones included); ``env`` is closed
+        when :meth:`run` returns; ``identity`` is stamped into every batch (the trainer checks it)."""
+        if not tasks:
+            raise ValueError(
+                "rollout worker needs at least one training task (check tasks.num_generated, tasks.files)"
+            )
+        self.tasks = tasks
         self.by_kind: dict[str, list[Task]] = {}
         for t in self.tasks:
             self.by_kind.setdefault(t.kind, []).append(t)
@@ -81,19 +96,15 @@ class RolloutWorker:
         self.cfg = cfg
         self.store = store
         self.stop_event = threading.Event()
-        # stamped into every batch (the trainer checks it); a worker may start while its region is cut off
-        self.identity = until_reachable(lambda: read_identity(store), "the run's identity", deadline_s=600)
+        self.identity = identity
         self.spec = spec
         self.share = cfg.trainer.groups_per_step // cfg.rollout.num_workers
         self.lag = 0 if cfg.trainer.mode == "sync" else cfg.trainer.max_off_policy_steps
-        self.next_seq = len(
-            until_reachable(
-                lambda: store.list(f"{ROLLOUT_PREFIX}{worker_id}/"), "its batches", deadline_s=600
-            )
-        )
+        self.next_seq = 0
+        """The next batch's sequence number: set from the store when :meth:`run` starts."""
         self._progress = TrainerProgress()
         self._progress_read = -1.0
-        self.env = Environment.from_config(cfg)
+        self.env = env
         self.canaries = canary_tasks()
         self.sandboxes: SandboxPool | None = None
         """Pre-warmed sandboxes for function tasks while :meth:`run` runs (``sandbox.pool.rollouts``)."""
@@ -102,6 +113,12 @@ class RolloutWorker:
         """Adoptions (server, version) already stamped into a batch."""
         self.sandbox_stats: dict[str, int] = {}
         """The pool's counters when the last :meth:`run` ended (created, warm_hits, peak_running, ...)."""
+
+    def resume_seq(self) -> int:
+        """The sequence number after this worker's last written batch (0 for a new worker); waits
+        while the store is unreachable (a region cut off)."""
+        prefix = f"{ROLLOUT_PREFIX}{self.worker_id}/"
+        return len(until_reachable(lambda: self.store.list(prefix), "its batches", deadline_s=600))
 
     def should_stop(self) -> bool:
         """Asked to stop, or the run is finished; an unreachable store (a region cut off) is not
@@ -147,8 +164,10 @@ class RolloutWorker:
         return True
 
     def run(self, max_batches: int | None = None) -> int:
-        """Produce batches until stopped; returns how many were written."""
+        """Produce batches until stopped, after the last one written before; returns how many
+        were written."""
         written = 0
+        self.next_seq = self.resume_seq()
         if self.cfg.sandbox.pool.rollouts:
             self.sandboxes = SandboxPool(self.cfg.sandbox)
         try:

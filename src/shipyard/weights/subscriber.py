@@ -63,7 +63,7 @@ class WeightSink(Protocol):
 
 
 class EngineSink:
-    """An :class:`~shipyard.inference.engine.EmbeddedEngine` as a sink: stages without copying
+    """An :class:`~shipyard.inference.engine.engine.EmbeddedEngine` as a sink: stages without copying
     and waits until the engine applied the update (at its next decode-step boundary)."""
 
     def __init__(self, engine: Any, wait_s: float = 600.0) -> None:

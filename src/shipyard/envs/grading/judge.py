@@ -4,7 +4,7 @@ Contract: :class:`RubricJudge` sends one ``POST {base_url}/chat/completions`` pe
 system message with the rubric (each aspect's name and what it covers, scored 0..``scale``) and
 a user message with the task and the session's changes (a unified diff, clipped to
 ``max_chars`` with head and tail kept), asking for a JSON object ``{"aspect": score, ...}``. It
-works with Shipyard's own server (:mod:`shipyard.inference.server`) and any other that speaks
+works with Shipyard's own server (:mod:`shipyard.inference.serving.server`) and any other that speaks
 the chat-completions shape. :func:`parse_scores` reads the reply: the first JSON object in it
 (fenced or not), else ``aspect: score`` lines; every rubric aspect must be present with a
 number in [0, scale] (``"7/10"`` is read as 7), otherwise the verdict is unparseable. Scores
@@ -51,7 +51,7 @@ def resolve_self(cfg: JudgeConfig, server_url: str) -> JudgeConfig:
     """``cfg`` with ``base_url = "self"`` replaced by ``<server_url>/v1``; ``cfg`` itself otherwise.
 
     ``server_url`` is an inference server's base URL (``http://host:port``, as
-    :attr:`shipyard.inference.server.InferenceServer.url` gives it).
+    :attr:`shipyard.inference.serving.server.InferenceServer.url` gives it).
     """
     if cfg.base_url.strip() != SELF:
         return cfg

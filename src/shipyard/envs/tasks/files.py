@@ -35,9 +35,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from shipyard.config.schema import SandboxConfig, TasksConfig
+from shipyard.config.schema import TASK_KINDS, SandboxConfig, TasksConfig
 from shipyard.envs.services.base import SERVICE_NAMES
-from shipyard.envs.tasks.kinds import TASK_KINDS, task_kind
+from shipyard.envs.tasks.kinds import task_kind
 from shipyard.envs.types import Task
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

@@ -34,15 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from shipyard.config.schema import SandboxConfig
+from shipyard.config.schema import TASK_KINDS, SandboxConfig
 from shipyard.envs.types import RewardResult, Sandbox, Task
 
 if TYPE_CHECKING:
     from shipyard.envs.services.pool import ServicePool
     from shipyard.envs.tasks.repo import RepoCache
-
-TASK_KINDS = ("function", "repo", "db")
-"""Every value ``Task.kind`` may take."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 
-from shipyard.config.schema import ShipyardConfig
+from shipyard.config.schema import TASK_KINDS, ShipyardConfig
 from shipyard.envs.types import Task
 
 
@@ -34,10 +34,6 @@ def task_splits(cfg: ShipyardConfig) -> tuple[list[Task], list[Task]]:
     else:
         tasks = [x for x in generated_tasks(t.num_generated, t.seed) if x.difficulty <= t.max_difficulty]
     return split_tasks(tasks, t.heldout_frac, t.seed)
-
-
-HELDOUT_KINDS = ("function", "db", "repo")
-"""Task kinds with a held-out split (:func:`heldout_tasks`)."""
 
 
 def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
@@ -81,7 +77,7 @@ def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
                 "tasks.num_repo or eval.repo_n"
             )
         return held
-    raise ValueError(f"held-out kind {kind!r} is unknown; use one of {list(HELDOUT_KINDS)}")
+    raise ValueError(f"held-out kind {kind!r} is unknown; use one of {list(TASK_KINDS)}")
 
 
 @functools.lru_cache(maxsize=2)

@@ -1,12 +1,12 @@
 """The vLLM inference backend: one vLLM server that follows the run's published weights.
 
 Contract: :class:`VllmNode` has the embedded node's interface (``url``, ``stop``). It starts and owns
-a vLLM server (:class:`~shipyard.inference.vllm_server.VllmProcess`, from ``inference.vllm.python``,
+a vLLM server (:class:`~shipyard.inference.backends.vllm_server.VllmProcess`, from ``inference.vllm.python``,
 serving the policy's safetensors directory) or, with ``inference.vllm.url``, attaches to one a user
 started the same way (the worker extension and ``--enable-scale-out`` are required). Then:
 
 1. ``shipyard_follow`` (collective RPC) starts the embedded server's weight subscriber inside vLLM's
-   worker (:mod:`shipyard.inference.vllm_worker`): it fetches, verifies and decodes each new version
+   worker (:mod:`shipyard.inference.backends.vllm_worker`): it fetches, verifies and decodes each new version
    there while vLLM generates, and stages it.
 2. An adopter thread here asks every ``inference.vllm.apply_poll_s`` whether a version is staged;
    when one is, it pauses generation keeping the running requests (``/pause?mode=keep``), has the
@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from shipyard.config.schema import ModelConfig, ShipyardConfig
-from shipyard.inference.vllm_server import VllmProcess, label_version
+from shipyard.inference.backends.vllm_server import VllmProcess, label_version
 from shipyard.store.types import Store
 
 PROBE_IDS = [1, 9690, 42, 1113, 314, 253, 5248, 30, 476, 2, 1, 4093, 198, 20, 1073, 5134, 28, 614, 29]
@@ -121,7 +121,7 @@ def _python(setting: str) -> Path:
     """``inference.vllm.python``: as given, or (relative and not found here) under the repository, as
     a Ray actor's working directory may not be the driver's."""
     path = Path(setting).expanduser()
-    repo = Path(__file__).resolve().parents[3] / path
+    repo = Path(__file__).resolve().parents[4] / path
     return repo if not path.is_absolute() and not path.is_file() and repo.is_file() else path
 
 

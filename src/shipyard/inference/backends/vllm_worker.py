@@ -1,7 +1,7 @@
 """Shipyard's weight adoption inside a vLLM worker: the extension vLLM mixes into its worker class.
 
-vLLM is started with ``--worker-extension-cls shipyard.inference.vllm_worker.ShipyardWorkerExtension``
-and Shipyard's sources on its ``PYTHONPATH`` (:mod:`shipyard.inference.vllm`). Its methods are called
+vLLM is started with ``--worker-extension-cls shipyard.inference.backends.vllm_worker.ShipyardWorkerExtension``
+and Shipyard's sources on its ``PYTHONPATH`` (:mod:`shipyard.inference.backends.vllm`). Its methods are called
 through vLLM's collective RPC (``POST /collective_rpc``, ``VLLM_SERVER_DEV_MODE=1``), which vLLM's
 engine runs between two model steps, so none of them overlaps a forward. This module runs in vLLM's
 environment: it imports torch, safetensors and Shipyard's store and weights packages, never vLLM.

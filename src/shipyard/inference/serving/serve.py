@@ -1,6 +1,6 @@
 """`shipyard serve`: one inference server that follows the newest weights in the store.
 
-Contract: starts the ``inference.type`` backend's server (:func:`shipyard.inference.base.start_node`);
+Contract: starts the ``inference.type`` backend's server (:func:`shipyard.inference.backends.base.start_node`);
 the embedded one loads the configured model as version 0, serves it over HTTP on
 ``inference.host:inference.port`` (token-in/token-out ``/generate``, OpenAI-compatible
 ``/v1/chat/completions``, ``/health``, ``/version``) and adopts each new version that the run
@@ -19,7 +19,7 @@ from shipyard.config.schema import ShipyardConfig
 
 
 def serve(cfg: ShipyardConfig) -> None:
-    from shipyard.inference.base import start_node
+    from shipyard.inference.backends.base import start_node
     from shipyard.store.run import open_run
 
     store = open_run(cfg.store, cfg.run.name)  # follows the run named run.name, and only it

@@ -21,11 +21,12 @@ Shape legend: B = rows, KV = key/value heads, T = cached positions, N = position
 Example::
 
     cache = slack_cache(model.config)  # SlackLayer layers; a sliding-window model keeps transformers' own
-    out = model(input_ids=ids_BT, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids_BT, use_cache=True, **{cache_kwarg(model): cache})
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -99,3 +100,10 @@ def slack_cache(config: Any, slack: int = SLACK) -> DynamicCache:
 def full_attention(cache: DynamicCache) -> bool:
     """Every layer keeps all positions (no sliding window): rows can be joined, cut and reused."""
     return all(type(layer) in (DynamicLayer, SlackLayer) for layer in cache.layers)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name ``model.forward`` takes its KV cache under: ``cache`` where it has that argument
+    (transformers 5.2x renamed it, warning on every call that passes the old name), else
+    ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -2,8 +2,8 @@
 
 Contract: a backend runs one inference server of a run that follows the run's published weights
 (:class:`InferenceNode`: its ``url`` and ``stop``); :func:`start_node` starts the one
-``inference.type`` names (``embedded``: :mod:`shipyard.inference.embedded`; ``vllm``:
-:mod:`shipyard.inference.vllm`), and :func:`open_client` gives the
+``inference.type`` names (``embedded``: :mod:`shipyard.inference.backends.embedded`; ``vllm``:
+:mod:`shipyard.inference.backends.vllm`), and :func:`open_client` gives the
 :class:`~shipyard.inference.types.InferenceClient` that talks to such a server. Everything above
 (rollout workers, agent sessions, evaluation, the driver) only uses these two functions, so it runs
 unchanged on either backend.
@@ -41,11 +41,11 @@ class InferenceNode(Protocol):
 def start_node(cfg: ShipyardConfig, store: Store, port: int = 0) -> InferenceNode:
     """Start the ``inference.type`` backend's server on ``port`` (0: a free one)."""
     if cfg.inference.type == "embedded":
-        from shipyard.inference.embedded import EmbeddedNode
+        from shipyard.inference.backends.embedded import EmbeddedNode
 
         return EmbeddedNode(cfg, store, port=port)
     if cfg.inference.type == "vllm":
-        from shipyard.inference.vllm import VllmNode
+        from shipyard.inference.backends.vllm import VllmNode
 
         return VllmNode(cfg, store, port=port)
     raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")
@@ -60,8 +60,8 @@ def open_client(cfg: ShipyardConfig, url: str, priority: Priority | None = None)
 
         return HttpInferenceClient(url, priority=priority)
     if cfg.inference.type == "vllm":
-        from shipyard.inference.vllm import routes_wanted
-        from shipyard.inference.vllm_server import VllmClient
+        from shipyard.inference.backends.vllm import routes_wanted
+        from shipyard.inference.backends.vllm_server import VllmClient
 
         return VllmClient(url, cfg.inference.served_model_name or "policy", moe=routes_wanted(cfg))
     raise ValueError(f"inference.type={cfg.inference.type!r}; expected 'embedded' or 'vllm'")

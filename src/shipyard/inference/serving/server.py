@@ -4,10 +4,10 @@ Contract:
 - :func:`create_app` routes: ``POST /generate`` (token-in/token-out, body
   ``{"requests": [GenerateRequest.to_json(), ...]}`` -> ``{"results": [GenerateResult.to_json(), ...]}``),
   ``POST /v1/chat/completions`` (OpenAI-compatible, streaming or not: see
-  :mod:`shipyard.inference.openai_api` for what is honoured and what is refused),
+  :mod:`shipyard.inference.serving.openai_api` for what is honoured and what is refused),
   ``GET /v1/models`` and ``/v1/models/{id}``, ``GET /health`` -> ``{"status": "ok", "version": v}``,
   ``GET /version``, ``GET /stats`` (the engine's counters and ``precision``). Requests go through
-  one :class:`~shipyard.inference.scheduler.BatchScheduler` (continuous batching, a reserved lane
+  one :class:`~shipyard.inference.engine.scheduler.BatchScheduler` (continuous batching, a reserved lane
   for short requests). A client that disconnects cancels its requests: the engine stops their rows
   at the next decode step. Errors are OpenAI-shaped (``{"error": {"message", "type", "param",
   "code"}}``): 400 malformed, 404 unknown model or route, 503 shutting down, 500 engine failure.
@@ -18,7 +18,7 @@ Contract:
 
 Limits: the chat ``content`` is cut before the stop string (OpenAI style) while
 ``shipyard.token_ids`` keep the token that completed it; tool calls are parsed, not constrained
-(:mod:`shipyard.inference.tools`); no constrained output (``response_format``).
+(:mod:`shipyard.inference.serving.tools`); no constrained output (``response_format``).
 
 Shape legend: no tensors here (token ids travel as lists).
 """
@@ -42,8 +42,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shipyard.config.schema import ScavengeConfig
-from shipyard.inference.engine import EmbeddedEngine
-from shipyard.inference.openai_api import (
+from shipyard.inference.engine.engine import EmbeddedEngine
+from shipyard.inference.engine.scheduler import BatchScheduler, SchedulerClosed, Ticket
+from shipyard.inference.serving.openai_api import (
     ChatCompletionBody,
     ChatPlan,
     OpenAIError,
@@ -52,7 +53,6 @@ from shipyard.inference.openai_api import (
     sse,
     stream_chunks,
 )
-from shipyard.inference.scheduler import BatchScheduler, SchedulerClosed, Ticket
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
 MAX_GENERATE_REQUESTS = 1024
@@ -134,7 +134,7 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI app; its scheduler starts on first use and closes (draining) with the app's lifespan.
     ``reserved_slots``: slots long requests may not take (None: a quarter of ``max_batch``; 0: FIFO).
-    ``scavenge``: production and scavenger tiers (:mod:`shipyard.inference.scheduler`)."""
+    ``scavenge``: production and scavenger tiers (:mod:`shipyard.inference.engine.scheduler`)."""
     scheduler = BatchScheduler(
         engine, gather_window_s=gather_window_s, reserved_slots=reserved_slots, scavenge=scavenge
     )
@@ -227,7 +227,7 @@ def _stream(
 
 def _add_info_routes(app: FastAPI, scheduler: BatchScheduler, name: str) -> None:
     """``GET /v1/models`` (and one model), ``/health``, ``/version`` and ``/stats`` (with ``tiers``,
-    the scheduler's :class:`~shipyard.inference.scheduler.TierStats`, where tiers are on)."""
+    the scheduler's :class:`~shipyard.inference.engine.scheduler.TierStats`, where tiers are on)."""
     engine = scheduler.engine
     created = int(time.time())
     card = {"id": name, "object": "model", "created": created, "owned_by": "shipyard"}

@@ -8,7 +8,7 @@ Contract:
   it builds (model directory, served name, dtype, context length, loopback host and port, vLLM's
   token-in / token-out route (``--enable-scale-out``), logprobs of the distribution sampled from
   (``--logprobs-mode processed_logprobs``), Shipyard's worker extension
-  (:mod:`shipyard.inference.vllm_worker`, Shipyard's sources put on ``PYTHONPATH``), any extra
+  (:mod:`shipyard.inference.backends.vllm_worker`, Shipyard's sources put on ``PYTHONPATH``), any extra
   arguments), its log file, :meth:`~VllmProcess.start` then :meth:`~VllmProcess.wait_ready` (polls
   ``/health``; a process that exits or a deadline that passes raises with the log's tail), and
   :meth:`~VllmProcess.stop` (SIGTERM to its process session, SIGKILL after ``grace_s``). It runs with
@@ -46,8 +46,8 @@ import httpx
 
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
-WORKER_EXTENSION = "shipyard.inference.vllm_worker.ShipyardWorkerExtension"
-"""Shipyard's weight adoption inside vLLM's worker (:mod:`shipyard.inference.vllm_worker`)."""
+WORKER_EXTENSION = "shipyard.inference.backends.vllm_worker.ShipyardWorkerExtension"
+"""Shipyard's weight adoption inside vLLM's worker (:mod:`shipyard.inference.backends.vllm_worker`)."""
 
 
 def _free_port(host: str) -> int:
@@ -107,7 +107,7 @@ class VllmProcess:
             WORKER_EXTENSION,
             *(extra_args or []),
         ]
-        src = str(Path(__file__).resolve().parents[2])  # Shipyard's sources, for the worker extension
+        src = str(Path(__file__).resolve().parents[3])  # Shipyard's sources, for the worker extension
         path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
         # vLLM 0.32's AOT-compiled artifact does not load back with this torch ("'function' object has no
         # attribute 'finalize_loading'"), so every start compiled again (~65 s here); without it inductor's

@@ -7,7 +7,7 @@ Contract:
   cache is left-padded to the running cache's length (or the running cache to theirs) and joined to it, so a
   straggler never holds back the requests behind it. Each step decodes one token for every running row on a
   transformers ``DynamicCache`` whose full-attention layers grow in place (``kv_slack`` spare positions,
-  :mod:`shipyard.inference.kv_cache`; 0: transformers' ``torch.cat`` of the whole cache a step).
+  :mod:`shipyard.inference.engine.kv_cache`; 0: transformers' ``torch.cat`` of the whole cache a step).
   :meth:`generate` is ``serve`` over a fixed list of requests; the HTTP server's scheduler feeds ``serve``
   from its queue. Each row has its own temperature, top-p, max_tokens,
   stop strings and ``torch.Generator`` (seeded from ``seed`` when given, else from torch's global RNG), so a
@@ -22,7 +22,7 @@ Contract:
   ``"length"``. Finished rows leave the batch and the KV cache at once (a compaction copies the kept
   rows' cache once), and leading padding columns no remaining row needs are cut from the cache.
 - Prefix cache (``prefix_cache_mb > 0``, in the model's device memory; off in deterministic mode,
-  for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.prefix_cache`),
+  for MoE models that record routes and for sliding-window caches): a finished row's keys/values are kept (:mod:`shipyard.inference.engine.prefix_cache`),
   and a request whose prompt extends a kept sequence (an agent's next turn) forwards only its
   new tokens. Every prompt is kept as soon as it is prefilled, and rows of the same prompt
   (admitted with it, or while it still runs) are served from it: a GRPO group's sessions prefill
@@ -37,7 +37,7 @@ Contract:
   The KV cache of running rows is kept across a swap (in-flight update: tokens after the swap
   attend to keys/values computed with the older weights).
 - Packed linears (``packed=True``, CPU): the linear layers compute with oneDNN-packed copies of their
-  weights (:mod:`shipyard.inference.packed`); an apply repacks the layers whose weights it wrote,
+  weights (:mod:`shipyard.inference.engine.packed`); an apply repacks the layers whose weights it wrote,
   inside the pause.
 - MoE routes (``record_routes``; on by default for a model with routers of
   :data:`~shipyard.models.router_replay.ROUTER_CLASSES`): every forward records, per MoE layer,
@@ -90,11 +90,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from shipyard.inference.attention import use_packed_decode
-from shipyard.inference.kv_cache import SLACK, full_attention, slack_cache
-from shipyard.inference.packed import can_pack, pack_linears
-from shipyard.inference.prefix_cache import PrefixCache, PrefixEntry
-from shipyard.inference.sampling import adjust_logits, sample_tokens, top_logprobs
+from shipyard.inference.engine.attention import use_packed_decode
+from shipyard.inference.engine.kv_cache import SLACK, cache_kwarg, full_attention, slack_cache
+from shipyard.inference.engine.packed import can_pack, pack_linears
+from shipyard.inference.engine.prefix_cache import PrefixCache, PrefixEntry
+from shipyard.inference.engine.sampling import adjust_logits, sample_tokens, top_logprobs
 from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import encode_routes
@@ -288,15 +288,17 @@ class EmbeddedEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model.eval()
+        self.cache_kw = cache_kwarg(model)
+        """The keyword the model's forward takes its KV cache under (:func:`cache_kwarg`)."""
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             use_packed_decode(model)  # a batch without padding decodes 2.6x faster (inference.attention)
         self.packed = pack_linears(model) if packed and can_pack(model) else None
-        """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.packed`), repacked after each apply."""
+        """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.engine.packed`), repacked after each apply."""
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.kv_slack = kv_slack
-        """Spare positions per KV-cache buffer (:mod:`shipyard.inference.kv_cache`); 0: ``torch.cat`` a step."""
+        """Spare positions per KV-cache buffer (:mod:`shipyard.inference.engine.kv_cache`); 0: ``torch.cat`` a step."""
         self.deterministic = deterministic
         self.seam = self._route_seam(model, record_routes)
         self.prefix = (
@@ -712,7 +714,7 @@ class EmbeddedEngine:
                 input_ids=ids_BT.to(self.device),
                 attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
                 position_ids=pos_BT.to(self.device),
-                past_key_values=cache,
+                **{self.cache_kw: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -754,7 +756,7 @@ class EmbeddedEngine:
             input_ids=ids_BM.to(self.device),
             attention_mask=None if bool(attn_BT.all()) else attn_BT.to(self.device),
             position_ids=pos_BM.to(self.device),
-            past_key_values=cache,
+            **{self.cache_kw: cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -776,7 +778,7 @@ class EmbeddedEngine:
             input_ids=tokens_B[:, None].to(self.device),
             attention_mask=None if mask_BT is None else mask_BT.to(self.device),
             position_ids=batch.pos_B[:, None].to(self.device),
-            past_key_values=batch.cache,
+            **{self.cache_kw: batch.cache},
             use_cache=True,
         )
         self.stats["decode_steps"] += 1

@@ -14,7 +14,7 @@ it, never silently ignored:
   gateway, it does not change sampling); ``null`` means "not given" for every optional field;
 - tools: ``tools`` (function tools), ``tool_choice`` (``auto``, ``none``, ``required``, a named
   function) and ``parallel_tool_calls`` (false keeps the first call), messages with ``tool_calls``
-  and ``tool`` messages: rendered and parsed as :mod:`shipyard.inference.tools` says; a reply with
+  and ``tool`` messages: rendered and parsed as :mod:`shipyard.inference.serving.tools` says; a reply with
   calls comes back as ``message.tool_calls`` with ``finish_reason`` ``tool_calls`` (streamed: the
   content before the first call as it arrives, each call whole in one delta at the end); a reply
   that does not parse comes back as content and is counted (``/stats`` ``tool_parse_failures``);
@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shipyard.inference import tools as tool_calls
+from shipyard.inference.serving import tools as tool_calls
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 
 UNSUPPORTED = (

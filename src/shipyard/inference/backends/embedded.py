@@ -1,5 +1,5 @@
 """The embedded backend: one inference server of a run, the embedded engine, its HTTP server and its
-weight subscriber (`inference.type = "embedded"`, chosen by :mod:`shipyard.inference.base`).
+weight subscriber (`inference.type = "embedded"`, chosen by :mod:`shipyard.inference.backends.base`).
 
 Contract: loads the configured model as version 0 on ``inference.device`` in ``inference.dtype``
 (resolved for that device, :func:`shipyard.models.precision.engine_precision`; :func:`build_engine`,
@@ -18,12 +18,12 @@ from shipyard.store.types import Store
 
 
 def build_engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
-    """The configured model as version 0 in an :class:`~shipyard.inference.engine.EmbeddedEngine`
+    """The configured model as version 0 in an :class:`~shipyard.inference.engine.engine.EmbeddedEngine`
     on ``inference.device`` in ``inference.dtype``, and its tokenizer (a server's and an
     evaluation's engine alike)."""
     import torch
 
-    from shipyard.inference.engine import EmbeddedEngine
+    from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.models.precision import engine_precision
 
@@ -50,7 +50,7 @@ class EmbeddedNode:
     """One inference server: embedded engine + HTTP server + weight subscriber."""
 
     def __init__(self, cfg: ShipyardConfig, store: Store, port: int = 0) -> None:
-        from shipyard.inference.server import InferenceServer
+        from shipyard.inference.serving.server import InferenceServer
         from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
         self.engine, self.tokenizer = build_engine(cfg)
