@@ -101,3 +101,31 @@ def test_function_heldout_never_silently_shrinks() -> None:
         match=r"eval.heldout_n=11 but the held-out split has 10 tasks .* raise tasks.num_generated",
     ):
         heldout_tasks(cfg, "function", 11)
+
+
+def test_eval_scores_a_task_file_of_ones_own(tmp_path: Path) -> None:
+    """Issue 41: the `files` suite reads task files in the tasks.files format and scores them like
+    any suite (pass@1, its interval, per-task results); a file the run trains on is refused."""
+    from shipyard.eval.command import run_eval
+
+    mine = tmp_path / "mine.jsonl"
+    lines = [
+        '{"id": "mine-one", "prompt": "Write `one()` returning 1.", "entry_point": "one", '
+        '"hidden_tests": "from solution import one\\n\\ndef test_one():\\n    assert one() == 1\\n"}',
+        '{"id": "mine-two", "prompt": "Write `two()` returning 2.", "entry_point": "two", '
+        '"hidden_tests": "from solution import two\\n\\ndef test_two():\\n    assert two() == 2\\n"}',
+    ]
+    mine.write_text("\n".join(lines) + "\n")
+    cfg = _cfg('eval.suites=["files"]', f'eval.files=["{mine}"]', f'run.results_dir="{tmp_path}"')
+    out = run_eval(cfg)
+    res = out["files"]
+    assert set(out) == {"files"} and res["task_ids"] == ["mine-one", "mine-two"] and res["errors"] == 0
+    assert res["n"] == 2 and res["pass1"] == sum(res["passed"]) / 2
+    lo, hi = res["ci95"]
+    assert 0.0 <= lo <= res["pass1"] <= hi <= 1.0
+    with pytest.raises(ValueError, match="also in tasks.files: the run trains on them"):
+        run_eval(_cfg('eval.suites=["files"]', f'eval.files=["{mine}"]', f'tasks.files=["{mine}"]'))
+    with pytest.raises(ValueError, match='eval.suites has "files" but eval.files is empty'):
+        _cfg('eval.suites=["files"]')
+    with pytest.raises(ValueError, match="does not exist"):
+        run_eval(_cfg('eval.suites=["files"]', f'eval.files=["{tmp_path / "nope.jsonl"}"]'))

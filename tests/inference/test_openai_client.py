@@ -134,6 +134,24 @@ def test_choices_of_different_requests_never_share_a_seed_stream(oai: openai.Ope
     assert [c.model_extra["shipyard"]["token_ids"] for c in again.choices] == tokens, "still reproducible"
 
 
+def test_the_same_seed_repeats_on_a_server_with_a_prefix_cache(model_tok) -> None:
+    """Issue 41: a seeded request is prefilled whole, never from the prefix cache (a warm prefill's
+    logits differ from the cold one's in the last bits; on SmolLM2 in bf16 that changed the haiku),
+    so the same seed gives the same tokens; unseeded requests still start from cached prefixes."""
+    engine = EmbeddedEngine(*model_tok, max_batch=4, prefix_cache_mb=64)
+    kw = {"model": "shipyard", "messages": MSG, "max_tokens": 24, "temperature": 1.0}
+    with (
+        InferenceServer(engine, gather_window_s=0.01, drain_s=2.0) as server,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120) as c,
+    ):
+        runs = [c.chat.completions.create(seed=11, **kw) for _ in range(3)]
+        assert engine.stats["prefix_hits"] == 0, "a seeded request started from a cached prefix"
+        ids = [r.choices[0].model_extra["shipyard"]["token_ids"] for r in runs]
+        assert ids[0] == ids[1] == ids[2] and len(ids[0]) > 0
+        c.chat.completions.create(**kw)  # unseeded: the same prompt is served from the cache
+        assert engine.stats["prefix_hits"] == 1
+
+
 def test_logprobs_and_top_logprobs_are_returned(oai: openai.OpenAI) -> None:
     out = oai.chat.completions.create(
         model="shipyard", messages=MSG, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3

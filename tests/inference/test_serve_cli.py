@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from shipyard.config.schema import ModelConfig
 from shipyard.models.loading import load_model
@@ -42,9 +43,13 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("run_first", [True, False], ids=["run-exists", "run-created-later"])
+def test_serve_answers_and_follows_the_store(tmp_path: Path, run_first: bool) -> None:
+    """Serve follows the run ``run.name``; started before the run exists (a fresh clone, issue 41), it
+    serves the base model, writes nothing to the store, and follows the run once it is created."""
     port = _free_port()
-    run = stamp_new_run(LocalStore(tmp_path), "tiny")  # what `shipyard train` claims; serve follows it
+    # what `shipyard train` claims; serve follows it
+    run = stamp_new_run(LocalStore(tmp_path), "tiny") if run_first else None
     cmd = [
         sys.executable,
         "-m",
@@ -55,9 +60,8 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
         f'store.root="{tmp_path}"',
         "inference.poll_s=0.2",
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_ignore_sigint
-    )
+    log = tmp_path.parent / f"{tmp_path.name}-serve.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint)
     base = f"http://127.0.0.1:{port}"
     try:
         assert _wait(f"{base}/health", lambda b: b["status"] == "ok")["version"] == 0
@@ -67,6 +71,10 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path) -> None:
             timeout=60,
         ).json()
         assert len(out["results"][0]["token_ids"]) == 4 and out["results"][0]["versions"] == [0] * 4
+        if run is None:
+            assert not any(tmp_path.iterdir()), "serve wrote to the store before the run existed"
+            assert "holds no run named 'tiny' yet" in log.read_text()
+            run = stamp_new_run(LocalStore(tmp_path), "tiny")
         model, _ = load_model(ModelConfig(source="tiny", tiny="dense", seed=7))
         WeightPublisher(run).publish(1, named_params(model))
         _wait(f"{base}/version", lambda b: b["version"] == 1)

@@ -4,7 +4,7 @@ Contract: ``load_config(path, ["trainer.lr=1e-5", "run.name=x"])`` returns a val
 :class:`ShipyardConfig` or raises :class:`ConfigError` whose message names the file, the dotted
 field and the offending value. Override values are parsed as TOML literals (numbers, booleans,
 arrays, quoted strings) and fall back to bare strings. Derived values live in :func:`derive`.
-Relative ``tasks.files`` entries written in the file are resolved against the file's directory
+Relative ``tasks.files`` and ``eval.files`` entries written in the file are resolved against the file's directory
 (:func:`_resolve_file_paths`); :func:`derive` makes the rest (overrides) absolute against the
 working directory, so the paths mean the same in every process.
 """
@@ -90,23 +90,26 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def _resolve_file_paths(tree: dict[str, Any], base: Path) -> None:
-    """Make the relative ``tasks.files`` entries of a config file's ``tree`` absolute against ``base``."""
-    tasks = tree.get("tasks")
-    files = tasks.get("files") if isinstance(tasks, dict) else None
-    if isinstance(files, list):
-        tasks["files"] = [
-            os.path.abspath(base / f)
-            if isinstance(f, str) and not os.path.isabs(os.path.expanduser(f))
-            else f
-            for f in files
-        ]
+    """Make the relative ``tasks.files`` and ``eval.files`` entries of a config file's ``tree``
+    absolute against ``base``."""
+    for section in ("tasks", "eval"):
+        table = tree.get(section)
+        files = table.get("files") if isinstance(table, dict) else None
+        if isinstance(files, list):
+            table["files"] = [
+                os.path.abspath(base / f)
+                if isinstance(f, str) and not os.path.isabs(os.path.expanduser(f))
+                else f
+                for f in files
+            ]
 
 
 def derive(cfg: ShipyardConfig) -> ShipyardConfig:
     """The one place where values are derived from others (none rewrite user-set values; relative
-    ``tasks.files``, ``harness.files`` and ``harness.venv`` paths are made absolute against the
+    ``tasks.files``, ``eval.files``, ``harness.files`` and ``harness.venv`` paths are made absolute against the
     working directory, ``~`` expanded, so Ray actors started elsewhere read the same files)."""
     cfg.tasks.files = [os.path.abspath(os.path.expanduser(f)) for f in cfg.tasks.files]
+    cfg.eval.files = [os.path.abspath(os.path.expanduser(f)) for f in cfg.eval.files]
     h = cfg.harness
     h.files, h.venv = (os.path.abspath(os.path.expanduser(p)) if p else "" for p in (h.files, h.venv))
     return cfg

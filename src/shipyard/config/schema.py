@@ -798,10 +798,15 @@ class EvalConfig(_Section):
     """Held-out generated tasks evaluated before and after training."""
     humaneval_n: int = Field(164, ge=1, le=164)
     """HumanEval problems evaluated by `shipyard eval`."""
-    suites: list[Literal["humaneval", "heldout", "db", "repo"]] = ["humaneval", "heldout"]
-    """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), and held-out
+    suites: list[Literal["humaneval", "heldout", "db", "repo", "files"]] = ["humaneval", "heldout"]
+    """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), held-out
     database (`db`, `db_n` tasks) and repository (`repo`, `repo_n` tasks) tasks that training never sees
-    (`shipyard.envs.tasks.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries)."""
+    (`shipyard.envs.tasks.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries), and
+    `files`: every task of your own task files (`eval.files`)."""
+    files: list[str] = []
+    """Task files of the `files` suite, in the `tasks.files` format (docs/tasks.md; any kind: function,
+    db, repo); pass@1 and its interval as for every suite. Paths are resolved as `tasks.files` are;
+    a file that `tasks.files` also trains on is refused (evaluating on the training set)."""
     db_n: int = Field(10, ge=1)
     """Held-out db tasks of the `db` suite: generator instances after the `tasks.num_db` trained ones."""
     repo_n: int = Field(10, ge=1)
@@ -816,6 +821,14 @@ class EvalConfig(_Section):
     """Weight version in the store to evaluate (none = the configured base model)."""
     label: str = "base"
     """Name of this evaluation in `humaneval.json` (written as `<label>_pass1`)."""
+
+    @model_validator(mode="after")
+    def _check_files(self) -> EvalConfig:
+        if "files" in self.suites and not self.files:
+            raise ValueError('eval.suites has "files" but eval.files is empty: list your task files there')
+        if self.files and "files" not in self.suites:
+            raise ValueError('eval.files is set but eval.suites lacks "files": add it, or drop eval.files')
+        return self
 
 
 class PostgresConfig(_Section):

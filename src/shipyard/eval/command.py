@@ -3,8 +3,9 @@
 Contract: loads the configured base model, optionally swaps in ``eval.version`` from the store
 (verified), runs the policy in an in-process embedded engine, and evaluates the suites of
 ``eval.suites`` with the training harness: ``eval.humaneval_n`` HumanEval problems,
-``eval.heldout_n`` held-out generated tasks, and ``eval.db_n`` / ``eval.repo_n`` held-out db and
-repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on). db and repo
+``eval.heldout_n`` held-out generated tasks, ``eval.db_n`` / ``eval.repo_n`` held-out db and
+repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on), and the tasks of
+your own files (``eval.files``, the ``files`` suite, :func:`file_tasks`). db, repo and file-suite
 sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
 squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
 every hidden test or SQL check passed whatever ``rewards.weights`` says. Merges ``<label>_pass1``
@@ -23,10 +24,11 @@ from rich.console import Console
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
 from shipyard.envs.tasks.splits import heldout_tasks
+from shipyard.envs.types import Task
 from shipyard.eval.evaluate import evaluate
 from shipyard.metrics.progress import StepBar
 
-ENV_SUITES = ("db", "repo")
+ENV_SUITES = ("db", "repo", "files")
 """Suites whose sessions run through the environment (services, repositories, their graders)."""
 
 console = Console()
@@ -44,6 +46,7 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
         "heldout": heldout_tasks(cfg, "function", cfg.eval.heldout_n) if "heldout" in cfg.eval.suites else [],
         "db": heldout_tasks(cfg, "db", cfg.eval.db_n) if "db" in cfg.eval.suites else [],
         "repo": heldout_tasks(cfg, "repo", cfg.eval.repo_n) if "repo" in cfg.eval.suites else [],
+        "files": file_tasks(cfg) if "files" in cfg.eval.suites else [],
     }
     env = Environment(cfg.sandbox, cfg.services, RewardsConfig(), cfg.anticheat)
     out: dict[str, Any] = {}
@@ -86,6 +89,24 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     tmp.write_text(json.dumps(out))
     tmp.replace(path)
     return out
+
+
+def file_tasks(cfg: ShipyardConfig) -> list[Task]:
+    """Every task of ``eval.files`` (the ``files`` suite); ValueError for a file that ``tasks.files``
+    trains on too, or a task id in two files."""
+    from shipyard.envs.tasks.files import load_task_file
+
+    trained = set(cfg.tasks.files) & set(cfg.eval.files)
+    if trained:
+        raise ValueError(
+            f"eval.files {sorted(trained)} are also in tasks.files: the run trains on them, so their "
+            "pass@1 is not held out; evaluate other files, or drop them from tasks.files"
+        )
+    tasks = [t for path in cfg.eval.files for t in load_task_file(path)]
+    ids = [t.id for t in tasks]
+    if dup := sorted({i for i in ids if ids.count(i) > 1}):
+        raise ValueError(f"eval.files: task ids {dup} appear in more than one file; ids must be unique")
+    return tasks
 
 
 def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:

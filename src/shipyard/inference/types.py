@@ -58,6 +58,11 @@ class GenerateRequest:
     token keeps the experts of its first forward across turns. None: route every prompt token freely."""
     priority: Priority = "production"
     """The request's tier where the server shares capacity (:data:`Priority`)."""
+    reuse_prefix: bool = True
+    """May the engine start from a cached prefix of the prompt (:mod:`shipyard.inference.engine.prefix_cache`)?
+    False: the prompt is prefilled whole, as the first time it was seen, so a seeded request alone
+    on a server repeats its tokens exactly (the OpenAI surface's seeded requests: a warm prefill's
+    logits differ from a cold one's in the last bits, enough to change a draw)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +77,7 @@ class GenerateRequest:
             params=SamplingParams(**d.get("params", {})),
             prompt_routes=d.get("prompt_routes"),
             priority=priority,
+            reuse_prefix=bool(d.get("reuse_prefix", True)),
         )
 
 

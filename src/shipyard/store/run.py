@@ -160,6 +160,12 @@ def _open_root(cfg: StoreConfig) -> Store:
     return open_store(cfg)
 
 
+def run_exists(cfg: StoreConfig, name: str) -> bool:
+    """Does the store ``cfg`` hold a stamped run ``name``? (Reads only; a run not yet trained has none.)"""
+    check_run_name(name)
+    return _open_root(cfg).exists(f"{name}/{STAMP_KEY}")
+
+
 def open_run(cfg: StoreConfig, name: str) -> RunStore:
     """Attach to the existing run ``name`` in the store ``cfg`` (servers, workers, serve, relay, eval)."""
     check_run_name(name)

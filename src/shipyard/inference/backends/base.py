@@ -38,12 +38,17 @@ class InferenceNode(Protocol):
         """Stop following weights, then stop serving."""
 
 
-def start_node(cfg: ShipyardConfig, store: Store, port: int = 0) -> InferenceNode:
-    """Start the ``inference.type`` backend's server on ``port`` (0: a free one)."""
+def start_node(cfg: ShipyardConfig, store: Store | None, port: int = 0) -> InferenceNode:
+    """Start the ``inference.type`` backend's server on ``port`` (0: a free one), following the run of
+    ``store``; None (embedded only): the base model, until the node's ``follow(store)``."""
     if cfg.inference.type == "embedded":
         from shipyard.inference.backends.embedded import EmbeddedNode
 
         return EmbeddedNode(cfg, store, port=port)
+    if store is None:
+        raise ValueError(
+            f"inference.type={cfg.inference.type!r} serves a run's weights: it needs the run's store"
+        )
     if cfg.inference.type == "vllm":
         from shipyard.inference.backends.vllm import VllmNode
 

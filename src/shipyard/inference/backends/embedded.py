@@ -47,12 +47,14 @@ def build_engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
 
 
 class EmbeddedNode:
-    """One inference server: embedded engine + HTTP server + weight subscriber."""
+    """One inference server: embedded engine + HTTP server + weight subscriber. With ``store=None``
+    it serves the base model (version 0) and follows nothing until :meth:`follow` gives it a run's
+    store (``shipyard serve`` before the run exists)."""
 
-    def __init__(self, cfg: ShipyardConfig, store: Store, port: int = 0) -> None:
+    def __init__(self, cfg: ShipyardConfig, store: Store | None, port: int = 0) -> None:
         from shipyard.inference.serving.server import InferenceServer
-        from shipyard.weights.subscriber import EngineSink, WeightSubscriber
 
+        self.cfg = cfg
         self.engine, self.tokenizer = build_engine(cfg)
         inf = cfg.inference
         self.server = InferenceServer(
@@ -65,6 +67,17 @@ class EmbeddedNode:
             scavenge=inf.scavenge,
         )
         self.server.start()
+        self.subscriber: Any = None
+        self.server.app.state.stats_hooks.append(self._adoptions)
+        if store is not None:
+            self.follow(store)
+
+    def follow(self, store: Store) -> None:
+        """Adopt the versions the run of ``store`` publishes from now on (once per node)."""
+        from shipyard.weights.subscriber import EngineSink, WeightSubscriber
+
+        assert self.subscriber is None, "the node already follows a run"
+        cfg = self.cfg
         self.subscriber = WeightSubscriber(
             store,
             EngineSink(self.engine),
@@ -76,11 +89,12 @@ class EmbeddedNode:
             workers=cfg.weights.workers,
         )
         self.subscriber.start(feed_url=cfg.weights.follow_url)
-        self.server.app.state.stats_hooks.append(self._adoptions)
 
     def _adoptions(self) -> dict[str, Any]:
         """``/stats``'s ``adoptions``: the last 32 versions this server went live with."""
         sub = self.subscriber
+        if sub is None:
+            return {"adoptions": []}
         keys = ("version", "at", "published_at")
         return {"adoptions": [{"server": sub.name, **{k: e[k] for k in keys}} for e in sub.adopted[-32:]]}
 
@@ -89,5 +103,6 @@ class EmbeddedNode:
         return self.server.url
 
     def stop(self) -> None:
-        self.subscriber.stop()
+        if self.subscriber is not None:
+            self.subscriber.stop()
         self.server.stop()

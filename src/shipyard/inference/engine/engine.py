@@ -691,10 +691,17 @@ class EmbeddedEngine:
     def _prefill_rows(self, rows: list[_Row]) -> list[tuple[_Batch, torch.Tensor]]:
         """Prefill ``rows``: those whose prompts extend a cached prefix in one forward from it, the
         others in one cold forward."""
-        hits = [self.prefix.lookup(r.request.prompt_ids) if self.prefix else None for r in rows]
+        hits = [self._prefix_hit(r.request) for r in rows]
         cold = [row for row, hit in zip(rows, hits, strict=True) if hit is None]
         warm = [(row, hit) for row, hit in zip(rows, hits, strict=True) if hit is not None]
         return ([self._prefill(cold)] if cold else []) + ([self._prefill_from(warm)] if warm else [])
+
+    def _prefix_hit(self, request: GenerateRequest) -> PrefixEntry | None:
+        """The cached prefix ``request`` starts from: None without a prefix cache, without a hit, or
+        when the request asks for a whole prefill (``reuse_prefix=False``)."""
+        if self.prefix is None or not request.reuse_prefix:
+            return None
+        return self.prefix.lookup(request.prompt_ids)
 
     def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
         requests = [row.request for row in rows]

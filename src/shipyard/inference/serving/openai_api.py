@@ -8,7 +8,10 @@ it, never silently ignored:
   ``model`` (must be the served model's id), ``temperature``, ``top_p``, ``max_tokens`` /
   ``max_completion_tokens`` (>= 1, and the prompt plus it must fit the context; unset = the rest of
   the context), ``n`` (<= ``max_n``), ``stop``, ``seed`` (choice ``i > 0`` draws from a seed hashed
-  from ``(seed, i)``, so two requests never share a choice's stream), ``logprobs`` and
+  from ``(seed, i)``, so two requests never share a choice's stream; a seeded request is prefilled
+  whole, never from the prefix cache, so the same seed repeats its output on an otherwise idle
+  server; next to other requests its draws are the same but its logits may differ in the last bits
+  with the batch's shape), ``logprobs`` and
   ``top_logprobs`` (<= 20), ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
   ``stream`` with ``stream_options.include_usage``, and ``user`` (an end-user id: recorded by a
   gateway, it does not change sampling); ``null`` means "not given" for every optional field;
@@ -255,7 +258,9 @@ def chat_requests(
     )
     params = [SamplingParams(**{**base.__dict__, "seed": choice_seed(body.seed, i)}) for i in range(n)]
     plan = dataclasses.replace(plan, stop=stop) if plan is not None else ChatPlan(stop)
-    return [GenerateRequest(prompt_ids=prompt, params=p) for p in params], plan
+    # a seeded request is prefilled whole, so the same seed repeats its tokens on an idle server
+    reuse = body.seed is None
+    return [GenerateRequest(prompt_ids=prompt, params=p, reuse_prefix=reuse) for p in params], plan
 
 
 def _is_int(key: str, param: str) -> bool:
