@@ -26,7 +26,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from shipyard.config.schema import ModelConfig
-from shipyard.inference.engine.engine import EmbeddedEngine, Job, _write
+from shipyard.inference.engine.batch import Job
+from shipyard.inference.engine.engine import EmbeddedEngine, _write
 from shipyard.inference.engine.sampling import sample_tokens
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.loading import load_model

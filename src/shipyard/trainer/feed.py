@@ -114,6 +114,24 @@ class RolloutFeed:
                     self._queue.append((batch.worker_id, batch.region, ordered))
         return bool(new)
 
+    def _await_batch(
+        self,
+        last_arrival: float,
+        timeout_s: float,
+        on_wait: Callable[[Counter[str]], None] | None,
+        credit: Counter[str],
+    ) -> float:
+        """Poll once for batches: the time the last one arrived; without one, ``on_wait(credit)`` and a
+        pause, or TimeoutError once none arrived for ``timeout_s``."""
+        if self.poll():
+            return time.time()
+        if time.time() - last_arrival > timeout_s:
+            raise TimeoutError(f"no rollout batch arrived under {ROLLOUT_PREFIX} for {timeout_s:.0f} s")
+        if on_wait is not None:
+            on_wait(credit)
+        time.sleep(self.poll_s)
+        return last_arrival
+
     def take(
         self,
         n: int,
@@ -137,16 +155,9 @@ class RolloutFeed:
         # the same pass, in the order the module docstring gives; split up, the counters would travel.
         while len(out.groups) < n:
             if not self._queue:
-                if self.poll():
-                    last_arrival = time.time()
-                elif time.time() - last_arrival > timeout_s:
-                    raise TimeoutError(
-                        f"no rollout batch arrived under {ROLLOUT_PREFIX} for {timeout_s:.0f} s"
-                    )
-                else:
-                    if on_wait is not None:
-                        on_wait(self.consumed_by - training)
-                    time.sleep(self.poll_s)
+                last_arrival = self._await_batch(
+                    last_arrival, timeout_s, on_wait, self.consumed_by - training
+                )
                 continue
             node, region, group = self._queue.popleft()
             self.consumed.add(group[0].group_id)

@@ -60,9 +60,8 @@ admitted next to short rows costs them attention over its padding until it finis
 sliding-window cache layers admits only into an empty batch (static batching); stop
 strings are searched in the decoded text of the last ``2 * longest_stop + 8`` generated tokens each step;
 one device (the CPU or one GPU: the model, its KV cache and the prefix cache live there; sampling and
-the rows' masks stay on the CPU). The file is long (~850 lines) because the batch's cache layout
-(``_Batch``), admission, prefill and decode all read and write the same padded cache; splitting them means
-a shared batch-state module first (not done yet).
+the rows' masks stay on the CPU). The running batch's records (its rows, padded cache, mask and
+positions) are in :mod:`shipyard.inference.engine.batch`.
 
 Shape legend: B = rows in the running batch, T = key/value length (padded prompt + generated),
 V = vocabulary size, P = parameters' own shapes.
@@ -81,64 +80,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from shipyard.inference.engine.attention import use_packed_decode
+from shipyard.inference.engine.batch import Batch, Job, Row, left_pad
 from shipyard.inference.engine.kv_cache import SLACK, cache_kwarg, full_attention, slack_cache
 from shipyard.inference.engine.packed import can_pack, pack_linears
 from shipyard.inference.engine.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.engine.sampling import adjust_logits, sample_tokens, top_logprobs
-from shipyard.inference.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import encode_routes
 
 MAX_TOP_LOGPROBS = 20
 """Most candidates a request may ask per token (OpenAI's limit)."""
-
-
-@dataclass
-class Job:
-    """A request to admit, the callback that receives its result, and the caller's optional hooks."""
-
-    request: GenerateRequest
-    done: Callable[[GenerateResult], None]
-    cancelled: Callable[[], bool] | None = None
-    """Polled once per decode step: True ends the row with ``finish_reason = "abort"`` (the tokens so far)."""
-    on_token: Callable[[int, float, list[tuple[int, float]] | None], None] | None = None
-    """Called (on the engine's thread) with each sampled token, its logprob and its top logprobs."""
-
-
-@dataclass
-class _Row:
-    """Decode state of one sequence of the running batch."""
-
-    request: GenerateRequest
-    done: Callable[[GenerateResult], None]
-    """Called with the row's result the step it finishes."""
-    job: Job
-    prompt_len: int
-    params: SamplingParams
-    generator: torch.Generator
-    stop_window: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: FinishReason | None = None
-    epoch: int = 0
-    """The engine's weights epoch when the row was admitted (its KV cache is reusable only in that epoch)."""
-    routes: list[torch.Tensor] = field(default_factory=list)
-    """Pieces ``[n, L, K]`` (int16) of the experts used by each forwarded position, in order."""
-    top: list[list[tuple[int, float]]] | None = None
-    """Top logprobs per sampled token (when ``params.top_logprobs > 0``)."""
-    cached: int = 0
-    """Prompt tokens taken from the prefix cache at admission."""
 
 
 _WeightOp = tuple[torch.Tensor | None, torch.Tensor]
@@ -182,66 +142,6 @@ def _write(target_P: torch.Tensor, idx_C: torch.Tensor | None, values: torch.Ten
         target_P.view(-1)[idx_C.to(target_P.device)] = values
     else:
         target_P[torch.unravel_index(idx_C.to(target_P.device), target_P.shape)] = values
-
-
-def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """``x`` with zeros prepended along ``dim`` up to ``width``."""
-    missing = width - x.shape[dim]
-    if missing == 0:
-        return x
-    pad = [0, 0] * (x.dim() - 1 - dim) + [missing, 0]
-    return F.pad(x, pad)
-
-
-class _Batch:
-    """A running chunk: rows, KV cache, attention mask and positions, kept in step by compaction."""
-
-    def __init__(
-        self, rows: list[_Row], cache: DynamicCache, attn_BT: torch.Tensor, pos_B: torch.Tensor
-    ) -> None:
-        self.rows = rows
-        self.cache = cache
-        self.attn_BT = attn_BT
-        self.pos_B = pos_B
-        self.temps_B = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
-        self.top_p_B = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
-
-    def keep(self, keep: list[int]) -> None:
-        """Drop every row not listed in ``keep`` and cut padding columns no kept row needs."""
-        assert keep, "an empty batch is dropped by the caller, never compacted"
-        idx = torch.tensor(keep, dtype=torch.long)
-        self.rows = [self.rows[i] for i in keep]
-        self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))
-        self.attn_BT = self.attn_BT.index_select(0, idx)
-        self.pos_B = self.pos_B.index_select(0, idx)
-        self.temps_B = self.temps_B.index_select(0, idx)
-        self.top_p_B = self.top_p_B.index_select(0, idx)
-        lead = int(self.attn_BT.cumsum(dim=1).eq(0).sum(dim=1).min())
-        if lead > 0 and self.joinable():
-            for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, lead:]
-                layer.values = layer.values[:, :, lead:]
-            self.attn_BT = self.attn_BT[:, lead:]
-
-    def join(self, other: _Batch) -> None:
-        """Append ``other``'s rows; the shorter cache (and mask) is left-padded to the longer one."""
-        width = max(self.attn_BT.shape[1], other.attn_BT.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
-            mine.values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
-        self.attn_BT = torch.cat([_left_pad(self.attn_BT, width, 1), _left_pad(other.attn_BT, width, 1)])
-        self.rows = self.rows + other.rows
-        self.pos_B = torch.cat([self.pos_B, other.pos_B])
-        self.temps_B = torch.cat([self.temps_B, other.temps_B])
-        self.top_p_B = torch.cat([self.top_p_B, other.top_p_B])
-
-    def joinable(self) -> bool:
-        """Whether rows can join: every cache layer keeps all positions (full attention)."""
-        return full_attention(self.cache)
-
-    def mask(self) -> torch.Tensor | None:
-        """The attention mask, or None when no row has padding (lets SDPA take its causal path)."""
-        return None if bool(self.attn_BT.all()) else self.attn_BT
 
 
 def _new_stats() -> dict[str, float]:
@@ -522,7 +422,7 @@ class EmbeddedEngine:
         block inside ``take`` for a while rather than return ``[]`` at once.
         """
         with self._lock, torch.inference_mode():
-            batch: _Batch | None = None
+            batch: Batch | None = None
             logits_BV = torch.empty(0)
             admitting = True
             while admitting or batch is not None:
@@ -536,7 +436,7 @@ class EmbeddedEngine:
                 if batch is not None:
                     batch, logits_BV = self._step(batch, logits_BV)
 
-    def _free_slots(self, batch: _Batch | None) -> int:
+    def _free_slots(self, batch: Batch | None) -> int:
         if batch is None:
             return 1 if self.deterministic else self.max_batch
         if self.deterministic or not batch.joinable():
@@ -544,8 +444,8 @@ class EmbeddedEngine:
         return self.max_batch - len(batch.rows)
 
     def _admit(
-        self, batch: _Batch | None, logits_BV: torch.Tensor, jobs: list[Job]
-    ) -> tuple[_Batch, torch.Tensor]:
+        self, batch: Batch | None, logits_BV: torch.Tensor, jobs: list[Job]
+    ) -> tuple[Batch, torch.Tensor]:
         """Prefill ``jobs`` as new rows and join them to the running batch (or start one)."""
         if not 0 < len(jobs) <= self._free_slots(batch):
             raise ValueError(
@@ -568,7 +468,7 @@ class EmbeddedEngine:
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(joined.rows))
         return joined, new_logits_BV
 
-    def _step(self, batch: _Batch, logits_BV: torch.Tensor) -> tuple[_Batch | None, torch.Tensor]:
+    def _step(self, batch: Batch, logits_BV: torch.Tensor) -> tuple[Batch | None, torch.Tensor]:
         """Sample a token per row, hand finished rows their results, decode the others one step."""
         gens = [r.generator for r in batch.rows]
         logits_BV = adjust_logits(
@@ -592,7 +492,7 @@ class EmbeddedEngine:
         self.apply_pending()
         return batch, self._decode_step(batch, tokens_B)
 
-    def _evict(self, batch: _Batch | None, logits_BV: torch.Tensor) -> tuple[_Batch | None, torch.Tensor]:
+    def _evict(self, batch: Batch | None, logits_BV: torch.Tensor) -> tuple[Batch | None, torch.Tensor]:
         """End the rows whose callers cancelled them (a preempted scavenger row, a client gone) at
         this step boundary, before anything is admitted: an arrival then never joins, and pays for,
         a row that leaves anyway. Such a row ends with ``abort`` and the tokens it had (all of them
@@ -617,7 +517,7 @@ class EmbeddedEngine:
         self.stats["compactions"] += 1
         return batch, logits_BV.index_select(0, torch.tensor(keep, dtype=torch.long))
 
-    def _hand_over(self, row: _Row) -> None:
+    def _hand_over(self, row: Row) -> None:
         """Give a finished row's result to its caller."""
         row.done(
             GenerateResult(
@@ -631,12 +531,12 @@ class EmbeddedEngine:
             )
         )
 
-    def _routes(self, row: _Row) -> dict[str, Any] | None:
+    def _routes(self, row: Row) -> dict[str, Any] | None:
         if self.seam is None:
             return None
         return encode_routes(torch.cat(row.routes), self.seam.layers, self.seam.num_experts)
 
-    def _store_prefix(self, batch: _Batch, b: int, row: _Row, evicted: bool = False) -> None:
+    def _store_prefix(self, batch: Batch, b: int, row: Row, evicted: bool = False) -> None:
         """Keep a row's keys/values for reuse. A row just prefilled has forwarded its prompt, and one
         that finished sampling its prompt and its tokens but the last: all are kept. An ``evicted``
         row has forwarded every token; all but the last are kept, so its continuation (prompt and
@@ -655,13 +555,13 @@ class EmbeddedEngine:
         values = [layer.values[b][:, cols_N] for layer in batch.cache.layers]
         self.prefix.put(PrefixEntry(tokens, keys, values))
 
-    def _new_row(self, job: Job) -> _Row:
+    def _new_row(self, job: Job) -> Row:
         req = job.request
         gen = torch.Generator()
         seed = req.params.seed if req.params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         gen.manual_seed(seed)
         longest = max((len(s) for s in req.params.stop), default=0)
-        row = _Row(
+        row = Row(
             req, job.done, job, len(req.prompt_ids), req.params, gen, 2 * longest + 8, epoch=self._epoch
         )
         row.top = [] if req.params.top_logprobs > 0 else None
@@ -669,14 +569,14 @@ class EmbeddedEngine:
 
     # ---------------------------------------------------------------------------------- decoding
 
-    def _prefill_sharing(self, rows: list[_Row]) -> list[tuple[_Batch, torch.Tensor]]:
+    def _prefill_sharing(self, rows: list[Row]) -> list[tuple[Batch, torch.Tensor]]:
         """Prefill ``rows`` with a prefix cache, each distinct prompt once.
 
         Every prefilled prompt's keys/values go into the cache at once, so a row of the same prompt
         (a GRPO group's sessions, admitted in this call or at a later step while these still run)
         is served from them with one token left to forward."""
-        firsts: dict[tuple[int, ...], _Row] = {}
-        repeats: list[_Row] = []
+        firsts: dict[tuple[int, ...], Row] = {}
+        repeats: list[Row] = []
         for row in rows:
             if firsts.setdefault(tuple(row.request.prompt_ids), row) is not row:
                 repeats.append(row)
@@ -688,7 +588,7 @@ class EmbeddedEngine:
         self.stats["shared_prompts"] += sum(r.cached == len(r.request.prompt_ids) - 1 for r in repeats)
         return parts
 
-    def _prefill_rows(self, rows: list[_Row]) -> list[tuple[_Batch, torch.Tensor]]:
+    def _prefill_rows(self, rows: list[Row]) -> list[tuple[Batch, torch.Tensor]]:
         """Prefill ``rows``: those whose prompts extend a cached prefix in one forward from it, the
         others in one cold forward."""
         hits = [self._prefix_hit(r.request) for r in rows]
@@ -703,7 +603,7 @@ class EmbeddedEngine:
             return None
         return self.prefix.lookup(request.prompt_ids)
 
-    def _prefill(self, rows: list[_Row]) -> tuple[_Batch, torch.Tensor]:
+    def _prefill(self, rows: list[Row]) -> tuple[Batch, torch.Tensor]:
         requests = [row.request for row in rows]
         prompts = [req.prompt_ids for req in requests]
         width = max(len(p) for p in prompts)
@@ -729,13 +629,13 @@ class EmbeddedEngine:
             used_BTLK = self._take_routes(len(rows), width)
             for b, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
                 row.routes.append(used_BTLK[b, width - len(prompt) :])
-        batch = _Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
+        batch = Batch(rows, cache, attn_BT, pos_BT[:, -1].clone())
         logits_BV = out.logits[:, -1, :].float().cpu()
         self.stats["prefill_s"] += time.perf_counter() - t0
         self.stats["prefilled_tokens"] += ids_BT.numel()
         return batch, logits_BV
 
-    def _prefill_from(self, warm: list[tuple[_Row, PrefixEntry]]) -> tuple[_Batch, torch.Tensor]:
+    def _prefill_from(self, warm: list[tuple[Row, PrefixEntry]]) -> tuple[Batch, torch.Tensor]:
         """Prefill rows whose prompts extend cached prefixes, in one forward: only the new tokens.
 
         Row b's columns: its cached ``n_b`` positions right-aligned in a width of the longest, then
@@ -747,8 +647,8 @@ class EmbeddedEngine:
         width_n, width_m = max(n_B), max(m_B)
         cache = slack_cache(self.model.config, self.kv_slack)
         for i in range(len(warm[0][1].keys_HND)):
-            keys_BHND = torch.stack([_left_pad(hit.keys_HND[i], width_n, 1) for _, hit in warm])
-            values_BHND = torch.stack([_left_pad(hit.values_HND[i], width_n, 1) for _, hit in warm])
+            keys_BHND = torch.stack([left_pad(hit.keys_HND[i], width_n, 1) for _, hit in warm])
+            values_BHND = torch.stack([left_pad(hit.values_HND[i], width_n, 1) for _, hit in warm])
             cache.update(keys_BHND, values_BHND, i)
         ids_BM = torch.full((len(warm), width_m), self.pad_id, dtype=torch.long)
         pos_BM = torch.zeros((len(warm), width_m), dtype=torch.long)
@@ -771,12 +671,12 @@ class EmbeddedEngine:
         self.stats["prefix_tokens"] += sum(n_B)
         self.stats["prefilled_tokens"] += ids_BM.numel()
         pos_B = torch.tensor([n + m - 1 for n, m in zip(n_B, m_B, strict=True)])
-        batch = _Batch([row for row, _ in warm], cache, attn_BT, pos_B)
+        batch = Batch([row for row, _ in warm], cache, attn_BT, pos_B)
         logits_BV = out.logits[:, -1, :].float().cpu()
         self.stats["prefix_prefill_s"] += time.perf_counter() - t0
         return batch, logits_BV
 
-    def _decode_step(self, batch: _Batch, tokens_B: torch.Tensor) -> torch.Tensor:
+    def _decode_step(self, batch: Batch, tokens_B: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         batch.attn_BT = torch.cat([batch.attn_BT, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
         batch.pos_B = batch.pos_B + 1
@@ -811,7 +711,7 @@ class EmbeddedEngine:
         self.seam.recorded = [None] * len(self.seam.recorded)
         return used.reshape(rows, width, len(self.seam.layers), self.seam.top_k)
 
-    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float], version: int) -> list[int]:
+    def _record(self, rows: list[Row], tokens: list[int], logprobs: list[float], version: int) -> list[int]:
         """Append each row's token; set finish reasons; return the batch positions still running."""
         keep: list[int] = []
         for b, (row, tok, lp) in enumerate(zip(rows, tokens, logprobs, strict=True)):
@@ -841,7 +741,7 @@ class EmbeddedEngine:
         return keep
 
     @staticmethod
-    def _notify(row: _Row, tok: int, lp: float) -> bool:
+    def _notify(row: Row, tok: int, lp: float) -> bool:
         """Hand the row's new token to its caller; False (the row is aborted, the batch goes on) if
         the caller's hook fails, e.g. a stream whose event loop has closed."""
         assert row.job.on_token is not None
@@ -851,6 +751,6 @@ class EmbeddedEngine:
             return False
         return True
 
-    def _hit_stop(self, row: _Row) -> bool:
+    def _hit_stop(self, row: Row) -> bool:
         tail = self.tokenizer.decode(row.token_ids[-row.stop_window :], skip_special_tokens=False)
         return any(s in tail for s in row.params.stop)

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from shipyard.config.schema import ScavengeConfig
-from shipyard.inference.engine.engine import EmbeddedEngine, Job
+from shipyard.inference.engine.batch import Job
+from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
 OnToken = Callable[[int, int, float, "list[tuple[int, float]] | None"], None]
