@@ -23,6 +23,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -91,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(to_toml(cfg))
         return 0
     if args.command == "train":
-        from shipyard.orchestrate.train import train
-
-        train(cfg)
+        _train(cfg)
     elif args.command == "eval":
         from shipyard.eval.command import run_eval
 
@@ -127,6 +126,21 @@ def main(argv: list[str] | None = None) -> int:
         _stop_on_signals()
         serve(cfg)
     return 0
+
+
+def _train(cfg: ShipyardConfig) -> None:
+    """``shipyard train``; a stall the watchdog named ends the process at once (exit code 3), as the
+    stalled thread cannot be stopped and would keep it alive: a supervisor restarts it, and the
+    restarted run resumes from its last checkpoint."""
+    from shipyard.metrics.health import StallError
+    from shipyard.orchestrate.train import train
+
+    try:
+        train(cfg)
+    except StallError as e:
+        print(f"shipyard train: stopped: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(3)
 
 
 def _warmstart(cfg: ShipyardConfig) -> None:

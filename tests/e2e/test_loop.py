@@ -1,6 +1,7 @@
 """The whole loop on a tiny model: async and sync runs, kill-and-resume, through the real store."""
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -58,6 +59,11 @@ def test_async_run_end_to_end(tmp_path: Path) -> None:
     adopted = sorted(a["version"] for b in batches for a in b.adoptions)
     assert adopted == sorted(set(adopted)) and adopted[0] >= 1  # each adoption reported once
     assert latest_version(store) == 3 and store.exists("control/finished")
+    # the watchdog watched every component and named none (issue 40)
+    health = [json.loads(x) for x in (tmp_path / "tiny/health.jsonl").read_text().splitlines()]
+    assert not [h for h in health if h["kind"] == "stall"]
+    watched = {c["component"] for h in health if h["kind"] == "snapshot" for c in h["components"]}
+    assert {"trainer", "worker w0", "server 0"} <= watched, watched
     shipped = [read_manifest(store, v) for v in (1, 2, 3)]  # versions after 0 ship as deltas only
     assert [(m.kind, m.parent, set(m.encodings)) for m in shipped] == [
         ("delta", v, {"delta"}) for v in (0, 1, 2)

@@ -1152,6 +1152,32 @@ class FleetConfig(_Section):
         return self
 
 
+class WatchdogConfig(_Section):
+    enabled: bool = True
+    """Watch every component's progress (`shipyard.metrics.health`) and name the one that stalls: its
+    phase on the console and in `<run_dir>/health.jsonl`, its threads' stacks in `<run_dir>/logs/`;
+    under the local placement the run then stops with an error naming it."""
+    deadline_s: float = Field(900.0, gt=0)
+    """Seconds a component may go without progress (a session finished, a decode step, a trainer
+    phase begun) in a phase that is not idle before it is a stall."""
+    deadlines: dict[str, float] = {}
+    """Per component kind (`trainer`, `worker`, `server`): its own deadline in seconds."""
+    check_s: float = Field(5.0, gt=0)
+    """How often the watchdog looks."""
+    snapshot_s: float = Field(30.0, gt=0)
+    """How often every component's progress is appended to `health.jsonl`."""
+
+    @field_validator("deadlines")
+    @classmethod
+    def _kinds(cls, deadlines: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(deadlines) - {"trainer", "worker", "server"})
+        if unknown:
+            raise ValueError(f"unknown component kind(s) {unknown}; the kinds are trainer, worker, server")
+        if any(v <= 0 for v in deadlines.values()):
+            raise ValueError("every deadline must be > 0 seconds")
+        return deadlines
+
+
 class RunConfig(_Section):
     name: str = "demo"
     """Run name; outputs go to `output_dir/name`, and the run's weights, rollouts and control records
@@ -1170,6 +1196,8 @@ class RunConfig(_Section):
     """Evaluate held-out tasks before and after training and write `demo.json`."""
     results_dir: str = "benchmarks/results"
     """Where machine-readable results (demo.json, humaneval.json) are written."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """Stalled components found and named (`shipyard.metrics.health`)."""
 
     @field_validator("name")
     @classmethod

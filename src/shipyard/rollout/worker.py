@@ -45,6 +45,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+import httpx
+
 from shipyard.agent.play import play
 from shipyard.agent.session import SessionSpec
 from shipyard.agent.types import Trajectory
@@ -53,6 +55,7 @@ from shipyard.envs.environment import Environment
 from shipyard.envs.grading.anticheat import canary_tasks
 from shipyard.envs.sandbox.pool import SandboxPool
 from shipyard.envs.types import Task
+from shipyard.metrics.health import Beat
 from shipyard.rollout.types import FINISHED_KEY, PROGRESS_KEY, ROLLOUT_PREFIX, RolloutBatch, TrainerProgress
 from shipyard.store.retry import until_reachable
 from shipyard.store.run import RunIdentity
@@ -113,6 +116,10 @@ class RolloutWorker:
         """Adoptions (server, version) already stamped into a batch."""
         self.sandbox_stats: dict[str, int] = {}
         """The pool's counters when the last :meth:`run` ended (created, warm_hits, peak_running, ...)."""
+        self.beat: Beat | None = None
+        """Where the worker reports progress (``sessions``, a tick per finished session; ``waiting``
+        on the version gate, idle: the trainer is watched instead; ``done``; the run's watchdog,
+        :mod:`shipyard.metrics.health`)."""
 
     def resume_seq(self) -> int:
         """The sequence number after this worker's last written batch (0 for a new worker); waits
@@ -157,6 +164,7 @@ class RolloutWorker:
 
     def wait_for_gate(self, started: int, groups: int) -> bool:
         """Block until :meth:`may_start`; False if asked to stop meanwhile."""
+        self._phase("waiting")
         while not self.may_start(started, groups, self.spec.client.version()):
             if self.should_stop():
                 return False
@@ -185,6 +193,7 @@ class RolloutWorker:
                     self.next_seq += 1
                     written += 1
         finally:
+            self._phase("done")
             self.env.close()  # stops services; a later run starts them again
             if self.sandboxes is not None:
                 self.sandboxes.close()  # destroys every sandbox it made, handed out or warm
@@ -193,8 +202,12 @@ class RolloutWorker:
         return written
 
     def _new_adoptions(self) -> list[dict[str, Any]]:
-        """The server's adoptions not yet stamped into a batch (``RolloutBatch.adoptions``)."""
-        events = self.spec.client.stats().get("adoptions", [])
+        """The server's adoptions not yet stamped into a batch (``RolloutBatch.adoptions``); none
+        while the server does not answer (they go with a later batch)."""
+        try:
+            events = self.spec.client.stats().get("adoptions", [])
+        except (httpx.HTTPError, ConnectionError, TimeoutError):
+            return []
         new = [e for e in events if (e["server"], e["version"]) not in self._reported]
         self._reported.update((e["server"], e["version"]) for e in new)
         return new
@@ -216,12 +229,20 @@ class RolloutWorker:
     def play_session(self, task: Task, group_id: str, sample_idx: int) -> list[Trajectory]:
         """One session through the environment (function tasks take the worker's pool sandboxes)."""
         factory = self.sandboxes.acquire if self.sandboxes is not None else None
-        return play(self.spec, task, group_id, sample_idx, self.env, factory)
+        segments = play(self.spec, task, group_id, sample_idx, self.env, factory)
+        if self.beat is not None:
+            self.beat.tick()
+        return segments
+
+    def _phase(self, phase: str) -> None:
+        if self.beat is not None and self.beat.phase != phase:
+            self.beat.enter(phase)
 
     def _start_group(
         self, pool: ThreadPoolExecutor, rng: random.Random, gid: str
     ) -> list[Future[list[Trajectory]]]:
         """Submit one group's sessions: a task drawn by ``rng`` (a canary at ``anticheat.canary_rate``)."""
+        self._phase("sessions")
         task = self.draw_task(rng)
         rate = self.cfg.anticheat.canary_rate
         if rate and rng.random() < rate:
@@ -270,6 +291,7 @@ class RolloutWorker:
             if futures:
                 wait(futures, timeout=0.1, return_when=FIRST_COMPLETED)
             else:
+                self._phase("waiting")
                 time.sleep(0.1)  # waiting for the version gate
             for gid in [g for g, (fs, _, _) in running.items() if all(f.done() for f in fs)]:
                 fs, version, t0 = running.pop(gid)

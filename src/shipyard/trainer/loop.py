@@ -35,6 +35,7 @@ from shipyard.agent.summarize import rollout_summary_metrics
 from shipyard.config.schema import ShipyardConfig
 from shipyard.envs.grading.anticheat import hack_metrics
 from shipyard.envs.grading.rewards import component_metrics
+from shipyard.metrics.health import Beat
 from shipyard.metrics.logger import MetricsLogger, read_metrics
 from shipyard.rollout.types import FINISHED_KEY, PROGRESS_KEY, TrainerProgress
 from shipyard.store.run import read_identity
@@ -51,8 +52,10 @@ def run_trainer(
     run_dir: Path,
     ranks: Ranks = ONE_PROCESS,
     gate: BatchGate | None = None,
+    beat: Beat | None = None,
 ) -> dict[str, Any]:
-    """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads.
+    """Train the run (module doc); every rank of a sharded trainer calls it, rank 0 leads. ``beat``
+    hears each phase of a step begin (the run's watchdog, :mod:`shipyard.metrics.health`).
 
     Longer than 60 lines on purpose: it is the training loop, kept in one piece so it reads top to
     bottom (set-up, resume, then one step: take, advantages, train, checkpoint, publish, log)."""
@@ -83,9 +86,12 @@ def run_trainer(
         _relog_checkpointed_step(lead.logger, state, store)  # after the re-publish: it reads the manifest
         lead.report_progress(state["step"], reread=True)  # a resumed trainer recounts what it consumed
     t_start = time.time() - state.get("elapsed_s", 0.0)  # a resumed run's clock goes on
+    phase = beat.enter if beat is not None else lambda _: None
     for step in range(state["step"] + 1, cfg.trainer.steps + 1):
         t0 = time.time()
+        phase("wait_rollouts")
         taken = ranks.broadcast(lead.take(cfg, step) if lead else None)
+        phase("forward_backward")
         batch = batch_advantages(taken.groups, cfg.trainer.loss, cfg.agent.summary)
         t1 = time.time()
         tokens: dict[str, list[float]] | None = {} if cfg.trainer.record_logprobs else None
@@ -111,15 +117,18 @@ def run_trainer(
         }
         if tokens is not None and lead:
             write_step_logprobs(run_dir, step, tokens)
+        phase("checkpoint")
         save_checkpoint(
             ckpt_root, step, policy.scorer, policy.optimizer, state, cfg.trainer.keep_checkpoints, ranks
         )
+        phase("publish")
         manifest = _publish(lead, publisher, ranks, step, policy)
         if lead and manifest:
             lead.logger.log(
                 step, record, {"kind": "consumed", "groups": groups, "digest": manifest.state_digest}
             )
             lead.report_progress(step)
+    phase("done")
     if lead:
         lead.finish(cfg, store)
     return {

@@ -94,6 +94,7 @@ from shipyard.inference.engine.packed import can_pack, pack_linears
 from shipyard.inference.engine.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.engine.sampling import adjust_logits, sample_tokens, top_logprobs
 from shipyard.inference.types import GenerateRequest, GenerateResult, SamplingParams
+from shipyard.metrics.health import Beat
 from shipyard.models.router_replay import RouterSeam, moe_routers, route_plan
 from shipyard.models.routes import encode_routes
 
@@ -189,6 +190,8 @@ class EmbeddedEngine:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model.eval()
         self.cache_kw = cache_kwarg(model)
+        self.beat: Beat | None = None
+        """Where the serving loop reports progress (``decode`` steps, ``idle``; the run's watchdog)."""
         """The keyword the model's forward takes its KV cache under (:func:`cache_kwarg`)."""
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
@@ -432,9 +435,20 @@ class EmbeddedEngine:
                 if jobs is None:
                     admitting = False
                 elif jobs:
+                    self._progress("decode")
                     batch, logits_BV = self._admit(batch, logits_BV, jobs)
                 if batch is not None:
                     batch, logits_BV = self._step(batch, logits_BV)
+                self._progress("decode" if batch is not None else "idle")
+
+    def _progress(self, phase: str) -> None:
+        """Report to :attr:`beat`: a step (or an admission) made in ``phase``; ``idle`` once."""
+        if self.beat is None:
+            return
+        if self.beat.phase != phase:
+            self.beat.enter(phase)
+        elif phase != "idle":
+            self.beat.tick()
 
     def _free_slots(self, batch: Batch | None) -> int:
         if batch is None:

@@ -1,0 +1,53 @@
+"""A run never hangs silently (issue 40): a rollout worker whose session never returns is named by
+the watchdog with its phase, its thread's stack is written to the run's logs, and the run stops with
+an error naming it, well before the trainer's own wait would time out."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shipyard.config import load_config
+from shipyard.metrics.health import StallError
+from shipyard.orchestrate.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_hung_session_is_named_and_the_run_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def session_that_never_returns(*args: object, **kwargs: object) -> list:
+        release.wait(300)  # the hang: a harness that neither answers nor exits
+        return []
+
+    monkeypatch.setattr("shipyard.rollout.worker.play", session_that_never_returns)
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'run.output_dir="{tmp_path}"',
+            f'store.root="{tmp_path / "store"}"',
+            f'run.results_dir="{tmp_path / "results"}"',
+            "run.eval_before_after=false",
+            "run.watchdog.deadlines.worker=3",
+            "run.watchdog.check_s=0.5",
+        ],
+    )
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StallError, match=r"worker w0 made no progress in phase 'sessions'"):
+            train(cfg)
+    finally:
+        release.set()  # the session's pool thread ends (this process could not exit before it)
+    assert time.monotonic() - t0 < 120
+    records = [json.loads(line) for line in (tmp_path / "tiny/health.jsonl").read_text().splitlines()]
+    [stall] = [r for r in records if r["kind"] == "stall"]
+    assert (stall["component"], stall["phase"], stall["deadline_s"]) == ("worker w0", "sessions", 3.0)
+    assert stall["age_s"] > 3.0
+    stacks = Path(stall["stacks"]).read_text()
+    mine = stacks.split("<- the stalled component's")[1].split("--- thread")[0]
+    assert "session_that_never_returns" in stacks and "run" in mine  # the worker thread's own stack
