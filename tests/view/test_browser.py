@@ -103,6 +103,34 @@ def test_dashboard_charts_hold_the_runs_metrics(viewer, page, tiny_run) -> None:
     _no_traceback(page)
 
 
+def test_the_health_panel_shows_each_component_and_a_stall(browser, tiny_run, tmp_path: Path) -> None:
+    """Issue 40: every watched component has a row with its phase and last progress; a component the
+    watchdog named, with no progress since, is shown stalled."""
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run[0], run)
+    lines = [json.loads(x) for x in (run / "health.jsonl").read_text().splitlines()]
+    last = next(x for x in reversed(lines) if x["kind"] == "snapshot")["components"]
+    worker = next(c for c in last if c["component"] == "worker w0")
+    stall = {**worker, "kind": "stall", "phase": "sessions", "at": worker["last_progress_at"] + 900}
+    with open(run / "health.jsonl", "a") as f:
+        f.write(json.dumps({**stall, "stacks": "logs/stall-worker-w0-0.txt"}) + "\n")
+    v = Viewer([run])
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        pg.goto(v.url())
+        row = pg.locator("[data-testid=health] tr[data-component='worker w0']")
+        expect(row).to_have_attribute("data-state", "stalled", timeout=WAIT_MS)
+        assert "sessions" in row.inner_text()
+        for name in ("trainer", "server 0"):
+            ok = pg.locator(f"[data-testid=health] tr[data-component='{name}']")
+            expect(ok).to_have_attribute("data-state", "ok", timeout=WAIT_MS)
+        assert "done" in pg.inner_text("[data-testid=health] tr[data-component='trainer']")
+        _no_traceback(pg)
+    finally:
+        pg.close()
+        v.stop()
+
+
 def test_a_rollout_opens_with_tool_calls_summaries_diff_and_tokens(viewer, page, tiny_run) -> None:
     page.goto(viewer.url("#/rollouts/tiny"))
     page.wait_for_selector("[data-testid=rollout-table] tr[data-rollout-id]")

@@ -12,7 +12,8 @@ threads (those that entered or ticked) and of every other thread to
 ``<run_dir>/logs/stall-<component>-<n>.txt``, names it on the console, and calls ``on_stall`` with the stall's record (component, phase,
 ``age_s``, ``deadline_s``, ``stacks``: the local placement stops the run with a
 :class:`StallError` naming it, as threads of one process cannot be restarted). :meth:`Health.snapshot` is every component's last progress, phase and state,
-written to ``health.jsonl`` every ``snapshot_s`` (what ``shipyard view`` shows).
+written to ``health.jsonl`` every ``snapshot_s`` and when the watchdog stops (what ``shipyard
+view`` shows).
 
 Limits: one process's components (the local placement); components in other processes (Ray
 actors, standalone workers) report through the store in a later step. A stall is a missing tick,
@@ -160,9 +161,11 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """Stop checking; a watchdog that ran appends a last snapshot (every component's final state)."""
         self._stop.set()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=max(self.check_s * 2, 5.0))
+            self._snapshot()
 
     def _loop(self) -> None:
         last_snapshot = 0.0
@@ -174,7 +177,10 @@ class Watchdog:
                     self._report(beat)
             if time.monotonic() - last_snapshot >= self.snapshot_s:
                 last_snapshot = time.monotonic()
-                self._append({"kind": "snapshot", "at": time.time(), "components": self.health.snapshot()})
+                self._snapshot()
+
+    def _snapshot(self) -> None:
+        self._append({"kind": "snapshot", "at": time.time(), "components": self.health.snapshot()})
 
     def _report(self, beat: Beat) -> None:
         record = {"kind": "stall", "at": time.time(), **beat.record()}

@@ -96,7 +96,8 @@ def start_rank_group(cfg: ShipyardConfig, fn: Any, *args: Any) -> list[Any]:
         ).remote(r, t.world_size, t.device)
         for r in range(t.world_size)
     ]
-    address = ray.get(ranks[0].address.remote()) if t.world_size > 1 else ""
+    # rank 0's rendezvous address: its actor starting (scheduling, imports) is all it waits for
+    address = ray.get(ranks[0].address.remote(), timeout=600) if t.world_size > 1 else ""
     return [r.run.remote(address, fn, *args) for r in ranks]
 
 

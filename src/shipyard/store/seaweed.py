@@ -137,10 +137,13 @@ class SeaweedServer:
         """Whether the S3 endpoint lists buckets (probed from inside ``prefix``'s namespace)."""
         if self.prefix:
             code = f"import urllib.request as u; u.urlopen({self.endpoint + '/'!r}, timeout=2)"
-            return (
-                subprocess.run([*self.prefix, sys.executable, "-c", code], capture_output=True).returncode
-                == 0
-            )
+            try:
+                probe = subprocess.run(
+                    [*self.prefix, sys.executable, "-c", code], capture_output=True, timeout=30
+                )
+            except subprocess.TimeoutExpired:
+                return False
+            return probe.returncode == 0
         try:
             with urllib.request.urlopen(self.endpoint + "/", timeout=2) as r:
                 return r.status == 200

@@ -160,6 +160,35 @@ class RunReader:
             return "starting"
         return "running" if age < LIVE_S else "stopped"
 
+    def health(self) -> list[dict[str, Any]]:
+        """Every watched component's last progress (``health.jsonl``, :mod:`shipyard.metrics.health`):
+        its phase, ticks, seconds since its last progress (as of now), deadline, and ``state``:
+        ``stalled`` when a stall was recorded and no progress came after it, else ``ok``."""
+        path = self.dir / "health.jsonl"
+        if not path.is_file():
+            return []
+        snapshot: list[dict[str, Any]] = []
+        stalled: dict[str, float] = {}  # component -> the last progress its stall was named at
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if rec.get("kind") == "snapshot":
+                snapshot = rec.get("components", [])
+            elif rec.get("kind") == "stall":
+                stalled[rec["component"]] = rec["last_progress_at"]
+                snapshot = [c for c in snapshot if c["component"] != rec["component"]] + [rec]
+        now = time.time()
+        return [
+            {
+                **{k: c[k] for k in ("component", "phase", "ticks", "deadline_s")},
+                "age_s": round(now - c["last_progress_at"], 1),
+                "state": "stalled" if stalled.get(c["component"]) == c["last_progress_at"] else "ok",
+            }
+            for c in sorted(snapshot, key=lambda c: c["component"])
+        ]
+
     def evals(self) -> list[dict[str, Any]]:
         """Held-out evaluations with their 95% intervals (Wilson for a rate, paired for a difference):
         ``eval_before.json`` and ``eval_after.json`` per task, else the after figures of ``summary.json``."""

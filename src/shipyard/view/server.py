@@ -10,6 +10,7 @@ de-duplicated):
     POST /api/runs {"dir": PATH}                    add a run to compare (400 + message if not a run)
     GET  /api/runs/{run}/metrics?after=N            train records after the first N (live: poll)
     GET  /api/runs/{run}/evals | rewards | servers  held-out intervals, reward quantiles, adoptions
+    GET  /api/runs/{run}/health                     each component's last progress and state
     GET  /api/runs/{run}/rollouts?family=&min_reward=&flagged=&sort=-reward&offset=&limit=
     GET  /api/runs/{run}/rollout?id=SESSION_ID      one whole session (404 + message if absent)
 
@@ -157,6 +158,10 @@ def make_app(runs: Runs) -> FastAPI:
     @app.get("/api/runs/{run}/servers")
     def servers(run: str) -> list[dict[str, Any]]:
         return runs.get(run).servers()
+
+    @app.get("/api/runs/{run}/health")
+    def health(run: str) -> list[dict[str, Any]]:
+        return runs.get(run).health()
 
     @app.get("/api/runs/{run}/rollouts")
     def rollouts(run: str, request: Request) -> dict[str, Any]:

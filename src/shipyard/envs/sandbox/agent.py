@@ -79,7 +79,7 @@ def build(cc: str, source: Path = SOURCE, cache: Path | None = None) -> Path:
     os.close(fd)
     try:
         res = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True, check=False
+            [cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True, check=False, timeout=300
         )
         if res.returncode != 0:
             raise RuntimeError(f"`{cc} {' '.join(CFLAGS)} {source.name}` failed: {res.stderr.strip()[-500:]}")

@@ -688,8 +688,11 @@ class BwrapSandbox:
             )
             try:
                 src, dst = (self._layers[0], child._layers[0]) if self._base else (self._ws, child._ws)
-                res = subprocess.run(
-                    ["cp", "-a", "--reflink=auto", f"{src}/.", dst], capture_output=True, text=True
+                res = subprocess.run(  # a workspace copy; a stuck filesystem ends as an error, not a hang
+                    ["cp", "-a", "--reflink=auto", f"{src}/.", dst],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
                 )
                 if res.returncode != 0:
                     raise RuntimeError(f"fork: copying the workspace failed: {res.stderr.strip()}")

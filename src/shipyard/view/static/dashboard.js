@@ -4,8 +4,9 @@
  * Contract: each chart lives in [data-testid=chart-<name>] (data-points = its number of x values)
  * and its uPlot instance is window.shipyardCharts[name]; for per-step charts data[0] is the union
  * of the runs' steps and the series go run by run (data[1] = the first run's first metric).
- * Every POLL_MS it asks /api/runs, then per run metrics?after=<next> (appended), rewards, servers
- * and evals; charts change in place with setData and are rebuilt only when their series change
+ * Every POLL_MS it asks /api/runs, then per run metrics?after=<next> (appended), rewards, servers,
+ * evals and health (the components' last progress, [data-testid=health], a row per component with
+ * data-state ok|stalled); charts change in place with setData and are rebuilt only when their series change
  * (a run is added, a hack flag first fires). The add-run form POSTs /api/runs {"dir"}.
  * Limits: metrics stay in memory for the page's life (fine for thousands of steps); rollouts are
  * never fetched here, so the first paint waits on nothing but /api/runs and the metrics.
@@ -304,6 +305,22 @@ function renderEvals() {
   body.replaceChildren(...rows);
 }
 
+function renderHealth() {
+  const body = dash.root && dash.root.querySelector('[data-testid=health] tbody');
+  if (!body) return;
+  const rows = [];
+  for (const label of dash.labels) {
+    for (const c of dash.runs[label].health || []) {
+      rows.push(h('tr', { 'data-component': c.component, 'data-run': label, 'data-state': c.state, class: c.state === 'stalled' ? 'stalled' : '' },
+        h('td', {}, label), h('td', {}, c.component), h('td', {}, c.phase), h('td', { class: 'num' }, c.ticks),
+        h('td', { class: 'num' }, `${fmtNum(c.age_s)} s`), h('td', { class: 'num' }, `${fmtNum(c.deadline_s)} s`),
+        h('td', {}, c.state)));
+    }
+  }
+  if (!rows.length) rows.push(h('tr', { class: 'empty' }, h('td', { colspan: 7 }, 'no component reported progress yet (health.jsonl)')));
+  body.replaceChildren(...rows);
+}
+
 function addRunForm() {
   const input = h('input', { type: 'text', testid: 'add-run-input', placeholder: 'another run directory, e.g. runs/demo', size: 40 });
   const button = h('button', { type: 'submit', testid: 'add-run' }, 'Add run');
@@ -333,7 +350,7 @@ async function addRun(input, button) {
 
 function runState(label) {
   if (!dash.runs[label]) {
-    dash.runs[label] = { label, status: null, records: [], next: 0, rewards: null, servers: [], evals: [], seen: {} };
+    dash.runs[label] = { label, status: null, records: [], next: 0, rewards: null, servers: [], evals: [], health: [], seen: {} };
   }
   return dash.runs[label];
 }
@@ -370,6 +387,7 @@ async function pollRun(run, gen) {
     api(`${base}/rewards`).then((r) => takePart(run, 'rewards', r)),
     api(`${base}/servers`).then((s) => takePart(run, 'servers', s)),
     api(`${base}/evals`).then((e) => takePart(run, 'evals', e)),
+    api(`${base}/health`).then((x) => takePart(run, 'health', x)),
   ].map((p) => p.then(() => { if (isCurrent(gen)) scheduleRender(); }));
   const bad = (await Promise.allSettled(jobs)).find((r) => r.status === 'rejected');
   if (bad) throw bad.reason;
@@ -399,6 +417,7 @@ function renderDashboard() {
   if (!dash.root) return;
   renderRuns();
   renderEvals();
+  renderHealth();
   if (dash.version === dash.drawn) return;
   dash.drawn = dash.version;
   renderDistSelect();
@@ -419,8 +438,13 @@ function showDashboard(gen) {
     h('table', { class: 'grid-table', testid: 'evals' },
       h('thead', {}, h('tr', {}, ['run', 'evaluation', 'n', 'value', '[low, high]'].map((t) => h('th', {}, t)))),
       h('tbody', {})));
+  const healthCard = h('section', { class: 'card health-card' },
+    h('h3', {}, 'Health: each component\'s last progress (a stall is named by the watchdog)'),
+    h('table', { class: 'grid-table', testid: 'health' },
+      h('thead', {}, h('tr', {}, ['run', 'component', 'phase', 'ticks', 'last progress', 'deadline', 'state'].map((t) => h('th', {}, t)))),
+      h('tbody', {})));
   const grid = h('div', { class: 'charts' }, CHARTS.map(chartCard));
-  dash.root = h('div', { class: 'dashboard' }, runsCard, evalsCard, grid);
+  dash.root = h('div', { class: 'dashboard' }, runsCard, evalsCard, healthCard, grid);
   main().replaceChildren(dash.root);
   dash.drawn = -1;
   renderDashboard();                 // what earlier visits fetched, at once
