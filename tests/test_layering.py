@@ -57,7 +57,7 @@ DEPENDS: dict[str, set[str]] = {
         *("store", "trainer", "weights"),
     },
     "view": {"agent", "config", "eval", "models", "rollout", "store", "trainer", "weights"},
-    "cli": {"config", "eval", "fleet", "inference", "online", "orchestrate", "view", "weights"},
+    "cli": {"config", "eval", "fleet", "inference", "metrics", "online", "orchestrate", "view", "weights"},
 }
 """The Shipyard packages each package imports: exactly those (a new dependency is a decision: add it
 here, within :data:`LAYERS`' order; a dependency dropped from the code is dropped here)."""

@@ -115,6 +115,18 @@ def _errors_as_messages(app: FastAPI) -> None:
         )
 
 
+PARTS = ("evals", "rewards", "servers", "health")
+"""Per-run parts served as they are: each is the :class:`RunReader` method of its name."""
+
+
+def _part_route(runs: Runs, part: str) -> Any:
+    def route(run: str) -> Any:
+        return getattr(runs.get(run), part)()
+
+    route.__name__ = part
+    return route
+
+
 def make_app(runs: Runs) -> FastAPI:
     app = FastAPI(title="shipyard view", docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -147,21 +159,8 @@ def make_app(runs: Runs) -> FastAPI:
     def metrics(run: str, after: int = 0) -> dict[str, Any]:
         return runs.get(run).metrics(after)
 
-    @app.get("/api/runs/{run}/evals")
-    def evals(run: str) -> list[dict[str, Any]]:
-        return runs.get(run).evals()
-
-    @app.get("/api/runs/{run}/rewards")
-    def rewards(run: str) -> dict[str, Any]:
-        return runs.get(run).rewards()
-
-    @app.get("/api/runs/{run}/servers")
-    def servers(run: str) -> list[dict[str, Any]]:
-        return runs.get(run).servers()
-
-    @app.get("/api/runs/{run}/health")
-    def health(run: str) -> list[dict[str, Any]]:
-        return runs.get(run).health()
+    for part in PARTS:  # GET /api/runs/{run}/<part>: the RunReader method of that name
+        app.add_api_route(f"/api/runs/{{run}}/{part}", _part_route(runs, part), methods=["GET"])
 
     @app.get("/api/runs/{run}/rollouts")
     def rollouts(run: str, request: Request) -> dict[str, Any]:
