@@ -133,6 +133,7 @@ def _train(cfg: ShipyardConfig) -> None:
     stalled thread cannot be stopped and would keep it alive: a supervisor restarts it, and the
     restarted run resumes from its last checkpoint."""
     from shipyard.metrics.health import StallError
+    from shipyard.orchestrate.standalone import STALL_EXIT
     from shipyard.orchestrate.train import train
 
     try:
@@ -140,7 +141,7 @@ def _train(cfg: ShipyardConfig) -> None:
     except StallError as e:
         print(f"shipyard train: stopped: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(3)
+        os._exit(STALL_EXIT)
 
 
 def _warmstart(cfg: ShipyardConfig) -> None:

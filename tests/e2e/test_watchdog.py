@@ -51,3 +51,38 @@ def test_a_hung_session_is_named_and_the_run_stops(tmp_path: Path, monkeypatch: 
     stacks = Path(stall["stacks"]).read_text()
     mine = stacks.split("<- the stalled component's")[1].split("--- thread")[0]
     assert "session_that_never_returns" in stacks and "run" in mine  # the worker thread's own stack
+
+
+def test_a_standalone_worker_with_a_hung_harness_exits_for_its_supervisor(tmp_path: Path) -> None:
+    """`shipyard worker` whose harness hangs (a command that never exits, well within its own
+    timeout) names the stall and exits with status 3 at once, so its supervisor restarts it."""
+    import subprocess
+    import sys
+
+    from shipyard.inference.backends.embedded import EmbeddedNode
+    from shipyard.store import LocalStore
+    from shipyard.store.run import stamp_new_run
+
+    over = [
+        f'run.output_dir="{tmp_path}"',
+        f'store.root="{tmp_path / "store"}"',
+        "harness.command='sleep 600'",
+        "harness.timeout_s=900",
+        "run.watchdog.deadlines.worker=3",
+        "run.watchdog.check_s=0.5",
+    ]
+    cfg = load_config(ROOT / "configs/tiny_harness.toml", over)
+    store = stamp_new_run(LocalStore(tmp_path / "store"), cfg.run.name)
+    node = EmbeddedNode(cfg, store)
+    try:
+        cmd = [sys.executable, "-m", "shipyard.cli", "worker", str(ROOT / "configs/tiny_harness.toml"), *over]
+        out = subprocess.run(
+            [*cmd, "--server", node.url, "--worker-id", "w0"], capture_output=True, text=True, timeout=180
+        )
+    finally:
+        node.stop()
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "worker w0 made no progress in phase 'sessions'" in out.stderr
+    where = tmp_path / cfg.run.name / "workers" / "w0"
+    [stall] = [json.loads(x) for x in (where / "health.jsonl").read_text().splitlines() if '"stall"' in x]
+    assert stall["component"] == "worker w0" and Path(stall["stacks"]).is_file()

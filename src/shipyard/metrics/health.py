@@ -195,6 +195,7 @@ class Watchdog:
         self.on_stall(record)
 
     def _append(self, record: dict[str, object]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / "health.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 

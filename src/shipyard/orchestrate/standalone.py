@@ -11,15 +11,49 @@ its region may be cut off from the origin) until the trainer writes
 operator, or a supervisor such as the chaos suite, runs and restarts one by one; ``shipyard
 train`` places the same components itself.
 
+Each process watches its own component (``run.watchdog``, :mod:`shipyard.metrics.health`): a
+stall is named with its phase and its threads' stacks (the trainer's in its run directory, a
+worker's in ``<run_dir>/workers/<id>/``), and the process exits at once with status 3, so its
+supervisor starts it again and it resumes (a stuck thread cannot be stopped from inside).
+
 Limits: no placement, no evaluation, no progress table: each process logs what it does and exits.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
+from shipyard.metrics.health import Beat, Health, Watchdog, stall_message
+
+STALL_EXIT = 3
+"""The exit status of a process whose component stalled (``shipyard train`` uses it too)."""
+
+
+@contextmanager
+def watched(cfg: ShipyardConfig, where: Path, component: str) -> Iterator[Beat]:
+    """The beat of this process's ``component``, watched while the block runs; a stall ends the
+    process with :data:`STALL_EXIT` after naming it (records and stacks under ``where``)."""
+    w = cfg.run.watchdog
+    health = Health(w.deadline_s, w.deadlines)
+    dog = Watchdog(health, where, _exit_stalled, w.check_s, w.snapshot_s)
+    if w.enabled:
+        dog.start()
+    try:
+        yield health.beat(component)
+    finally:
+        dog.stop()
+
+
+def _exit_stalled(record: dict[str, object]) -> None:
+    print(f"shipyard: stopped: {stall_message(record)}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(STALL_EXIT)  # the stalled thread cannot be stopped; the supervisor restarts the process
 
 
 def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
@@ -30,8 +64,8 @@ def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
 
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     store = claim_run(cfg.store, cfg.run.name, run_dir)
-    with trainer_gate(cfg, store) as gate:
-        return run_trainer(cfg, store, run_dir, gate=gate)
+    with trainer_gate(cfg, store) as gate, watched(cfg, run_dir, "trainer") as beat:
+        return run_trainer(cfg, store, run_dir, gate=gate, beat=beat)
 
 
 def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
@@ -43,4 +77,7 @@ def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
     store = until_reachable(lambda: open_run(cfg.store, cfg.run.name), "the run", deadline_s=600)
     worker = build_worker(cfg, worker_id, server_url, store)
     worker.spec.client.wait_ready(timeout_s=600)  # a server started beside it may still be loading
-    return worker.run()
+    where = Path(cfg.run.output_dir) / cfg.run.name / "workers" / worker_id
+    with watched(cfg, where, f"worker {worker_id}") as beat:
+        worker.beat = beat
+        return worker.run()
