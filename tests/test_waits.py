@@ -2,7 +2,7 @@
 ``src/shipyard`` that can block forever, which fails when a new one appears.
 
 What counts as an unbounded wait: ``subprocess.run/check_output/check_call/call`` without
-``timeout``; ``ray.get``/``ray.wait`` without ``timeout``; ``.join()``, ``.wait()`` and
+``timeout``; ``ray.get``/``ray.wait`` (also as ``self.ray``) without ``timeout``; ``.join()``, ``.wait()`` and
 ``.result()`` with no argument (threads, processes, conditions, events, futures); any call given
 ``timeout=None``. HTTP clients are not listed: httpx bounds every request by default (5 s) and
 Shipyard's clients pass their own deadlines; a ``timeout=None`` passed to one is caught above.
@@ -45,6 +45,8 @@ ALLOWED: dict[str, str] = {
     "orchestrate/local.py:trainer_result:self._trainer.join()": "the trainer thread, watched by the "
     "watchdog (a stall ends the run before this is reached)",
     "orchestrate/midtrain.py:run_midtrain:ray.get": "the midtraining run itself: as long as its steps",
+    "orchestrate/ray_placement.py:trainer_result:self.ray.get": "the trainer group's results, asked once "
+    "a rank has ended (the others end with it: a rank's failure breaks the group's collectives)",
     "rollout/worker.py:play_batch:j.result()": "a session: bounded by its harness's timeout and the "
     "watchdog's worker deadline",
     "rollout/worker.py:_run_streaming:f.result()": "called on finished sessions only",
@@ -87,8 +89,8 @@ def _unbounded(call: ast.Call) -> str:
         return f"{ast.unparse(f)}(timeout=None)"
     if base == "subprocess" and name in BLOCKING_SUBPROCESS and "timeout" not in keywords:
         return f"subprocess.{name}"
-    if base == "ray" and name in ("get", "wait") and "timeout" not in keywords:
-        return f"ray.{name}"
+    if (base == "ray" or base.endswith(".ray")) and name in ("get", "wait") and "timeout" not in keywords:
+        return f"{base}.{name}"
     if name in BLOCKING_METHODS and not call.args and not call.keywords:
         return f"{base}.{name}()"
     return ""
@@ -113,6 +115,7 @@ def test_the_audit_sees_each_kind_of_wait(tmp_path: Path) -> None:
         "    subprocess.run(['true'])\n"
         "    subprocess.run(['true'], timeout=5)\n"
         "    ray.get(x)\n"
+        "    self.ray.wait(refs)\n"
         "    t.join()\n"
         "    t.join(5)\n"
         "    fut.result()\n"
@@ -122,6 +125,7 @@ def test_the_audit_sees_each_kind_of_wait(tmp_path: Path) -> None:
     assert unbounded_waits(code) == [
         "waits.py:f:subprocess.run",
         "waits.py:f:ray.get",
+        "waits.py:f:self.ray.wait",
         "waits.py:f:t.join()",
         "waits.py:f:fut.result()",
         "waits.py:f:client.get(timeout=None)",

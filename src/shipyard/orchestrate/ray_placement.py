@@ -16,6 +16,9 @@ from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
 
+SERVER_START_S = 900
+"""How long the inference actors may take to answer their first call (loading the model)."""
+
 
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig) -> None:
@@ -173,10 +176,11 @@ class RayPlacement:
         gpus = 1.0 / inf.num_servers if inf.device == "cuda" else 0  # the servers share one GPU
         actor = self.ray.remote(num_cpus=inf.threads, num_gpus=gpus, max_concurrency=4)(_InferenceActor)
         self.servers = [actor.remote(self.cfg) for _ in range(self.cfg.inference.num_servers)]
-        return self.ray.get([s.url.remote() for s in self.servers])
+        # each server loads the model first; a node that never comes up ends as a GetTimeoutError
+        return self.ray.get([s.url.remote() for s in self.servers], timeout=SERVER_START_S)
 
     def start_training(self) -> None:
-        urls = self.ray.get([s.url.remote() for s in self.servers])
+        urls = self.ray.get([s.url.remote() for s in self.servers], timeout=SERVER_START_S)
         worker_cls = self.ray.remote(num_cpus=0)(_RolloutActor)
         for i in range(self.cfg.rollout.num_workers):
             w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)])
@@ -200,7 +204,7 @@ class RayPlacement:
 
     def stop(self) -> None:
         self.stop_workers()
-        self.ray.get([s.stop.remote() for s in self.servers])
+        self.ray.get([s.stop.remote() for s in self.servers], timeout=120)  # then killed either way
         for s in self.servers:
             self.ray.kill(s)
         self.ray.shutdown()  # stops a local instance; only disconnects from a cluster given by address
