@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
+from tests.conftest import until
+
 from shipyard.metrics.health import Health, Watchdog
-
-
-def _wait(cond, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_a_frozen_phase_is_named_once_with_its_stack(tmp_path: Path) -> None:
@@ -34,15 +28,17 @@ def test_a_frozen_phase_is_named_once_with_its_stack(tmp_path: Path) -> None:
         beat.enter("decode")
         while not frozen.is_set():
             beat.tick()
-            time.sleep(0.01)
+            frozen.wait(0.01)
 
     threads = [threading.Thread(target=f) for f in (trainer_step, busy_server)]
     health.beat("worker w0").enter("waiting")  # idle: never a stall, however long
     for t in threads:
         t.start()
     try:
-        _wait(lambda: stalls)
-        time.sleep(0.3)  # more checks: still one report for this stall
+        assert until(lambda: bool(stalls), 10)
+        snapshots = (tmp_path / "health.jsonl").read_text().count('"snapshot"')
+        # more checks after the stall (three more snapshots): still one report for it
+        assert until(lambda: (tmp_path / "health.jsonl").read_text().count('"snapshot"') >= snapshots + 3, 10)
     finally:
         frozen.set()
         for t in threads:

@@ -94,7 +94,7 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
 def file_tasks(cfg: ShipyardConfig) -> list[Task]:
     """Every task of ``eval.files`` (the ``files`` suite); ValueError for a file that ``tasks.files``
     trains on too, or a task id in two files."""
-    from shipyard.envs.tasks.files import load_task_file
+    from shipyard.envs.tasks.files import check_unique_ids, load_task_file
 
     trained = set(cfg.tasks.files) & set(cfg.eval.files)
     if trained:
@@ -103,9 +103,7 @@ def file_tasks(cfg: ShipyardConfig) -> list[Task]:
             "pass@1 is not held out; evaluate other files, or drop them from tasks.files"
         )
     tasks = [t for path in cfg.eval.files for t in load_task_file(path)]
-    ids = [t.id for t in tasks]
-    if dup := sorted({i for i in ids if ids.count(i) > 1}):
-        raise ValueError(f"eval.files: task ids {dup} appear in more than one file; ids must be unique")
+    check_unique_ids(tasks, "eval.files")
     return tasks
 
 

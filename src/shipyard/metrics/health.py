@@ -24,7 +24,7 @@ Example::
     health = Health(deadline_s=600)
     beat = health.beat("trainer")
     beat.enter("forward_backward")
-    ...
+    loss.backward()  # the phase's work
     beat.tick()
 """
 

@@ -186,11 +186,16 @@ def extra_training_tasks(cfg: TasksConfig) -> list[Task]:
     out = db_tasks(cfg.num_db, cfg.seed) + repo_tasks(cfg.num_repo, cfg.seed)
     for path in cfg.files:
         out += load_task_file(path)
-    ids = [t.id for t in out]
+    check_unique_ids(out, "tasks.files")
+    return out
+
+
+def check_unique_ids(tasks: list[Task], field: str) -> None:
+    """ValueError naming ``field`` when a task id appears twice among ``tasks`` (from several files)."""
+    ids = [t.id for t in tasks]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
-        raise ValueError(f"tasks.files: task ids {dup} appear in more than one file; ids must be unique")
-    return out
+        raise ValueError(f"{field}: task ids {dup} appear in more than one file; ids must be unique")
 
 
 def check_references(tasks: list[Task], cfg: SandboxConfig | None = None) -> dict[str, float]:
