@@ -1,4 +1,5 @@
-"""Benchmark: a live run survives SIGKILL of each of its components, one at a time and again and again.
+"""Benchmark: a live run survives SIGKILL of each of its components, one at a time and again and again,
+and stalls of each (frozen, cut off, slowed, a full disk, a clock jump), which are named, not silent.
 
 Contract: a run of the tiny model is started as separate processes over real components: a SeaweedFS
 S3 server (the origin store), ``shipyard trainer``, ``shipyard relay`` (origin -> a local mirror),
@@ -23,15 +24,27 @@ Limits: one machine, loopback only; the tiny random model (nothing is learned); 
 by recovery, so two components are never down at once by design (a second fault during recovery
 is the same code path as a restart, but it is not what this measures).
 
+Then stalls (``--stall-rounds``, :mod:`stalls`): components frozen (resumed after 60 s, or
+never), the worker cut off from its server, the store slow or its disk full, a component's clock
+jumping an hour, each kind once a round. Every process reports its progress to the store
+(``run.watchdog``) and the supervisor here watches those reports with the same
+:class:`~shipyard.metrics.health.Monitor` that ``shipyard health`` runs; a component it names and
+that stays stalled is restarted. Figures: ``stalls`` (count per kind), ``silent_hangs`` (expected 0),
+``detect_s`` and ``recover_s`` per kind (their maxima; ``stall_log`` has each one), with the
+definitions in ``benchmarks/stalls.py``. A run with stalls is stopped after them rather than
+finished, and audited up to its last trained step.
+
 Usage::
 
-    .venv/bin/python benchmarks/chaos.py            # 3 rounds over the 7 kinds (21 kills), ~6 min
-    .venv/bin/python benchmarks/chaos.py --quick    # 1 round (7 kills), ~3 min: S3 alone takes ~25 s to return
+    .venv/bin/python benchmarks/chaos.py            # 3 rounds of kills (21), 2 of stalls (12), ~35 min
+    .venv/bin/python benchmarks/chaos.py --quick    # 1 round of kills (7), no stalls, ~3 min
+    .venv/bin/python benchmarks/chaos.py --rounds 0 --stall-rounds 1   # the 6 stalls once, ~12 min
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -44,8 +57,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faults import ClockShift, FaultProxy, Frozen, TmpfsHolder, freeze, thaw  # noqa: E402
 from harness import parser, table, write_results  # noqa: E402
 from shipyard.envs.sandbox.reaper import descendants  # noqa: E402
+from stalls import STALLS, TARGETS, WATCHDOG, Probes, StallWatch, run_stalls, watchdog_overrides  # noqa: E402
+from stalls import figures as stall_figures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("trainer", "server", "worker", "relay", "s3", "postgres", "sandbox")
@@ -56,9 +72,11 @@ RUN = "chaos"
 class Component:
     """One supervised process: started, restarted when it dies, killed with SIGKILL on demand."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
-        self.name, self.argv, self.log = name, argv, log
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.argv, self.log, self.env = name, argv, log, env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[tuple[float, int]] = []
+        """(monotonic time, status) of every exit the supervisor saw (3: the process named its own stall)."""
         self.pids: list[int] = []
         """Every incarnation's pid (their sandboxes and clusters are named after them)."""
         self.restarts = 0
@@ -68,7 +86,12 @@ class Component:
     def start(self) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=ROOT,
+                env={**os.environ, **self.env},
             )
         self.pids.append(self.proc.pid)
 
@@ -80,6 +103,7 @@ class Component:
         last step, a worker after the trainer said the run is finished)."""
         if self.proc is None or self.done or self.alive():
             return
+        self.exits.append((time.monotonic(), self.proc.returncode))
         if self.proc.returncode == 0:
             self.done = True
             return
@@ -128,20 +152,33 @@ def postmasters(owners: list[int]) -> list[int]:
 class ChaosRun:
     """The run's processes and stores under ``work``, and what is needed to kill and probe each kind."""
 
-    def __init__(self, work: Path, steps: int, seed: int) -> None:
+    def __init__(self, work: Path, steps: int, seed: int, faults: bool = False) -> None:
+        """``faults``: set up for :mod:`stalls` too: the S3 server on a disk of its own that can fill,
+        the store and the worker's server behind fault proxies, every component's clock shiftable."""
+        from shipyard.metrics.health import Monitor, ServerProbe
         from shipyard.store.seaweed import SeaweedServer
 
         self.work, self.steps = work, steps
         self.rng = random.Random(seed)
-        self.s3 = SeaweedServer(work / "s3")
+        self.s3_disk = TmpfsHolder(work / "s3", 4096) if faults else None
+        self.s3 = SeaweedServer(work / "s3", prefix=self.s3_disk.prefix if self.s3_disk else None)
         self.port = _free_port()
+        self.store_path = FaultProxy(self.s3.ports["s3.port"]) if faults else None
+        self.server_path = FaultProxy(self.port) if faults else None
+        self.clocks = {name: ClockShift(work, name) for name in TARGETS} if faults else {}
+        self.watch = StallWatch(Monitor(WATCHDOG["silent_s"]), self.health_records, {})
+        self.step_times: list[float] = []
+        """Monotonic seconds at which the supervisor saw the trainer's step grow."""
+        self._seen_step = 0
+        self.server_probe = ServerProbe(f"http://127.0.0.1:{self.port}")
+        endpoint = self.store_path.url if self.store_path else self.s3.endpoint
         self.common = [
             f"run.name={RUN}",
             f'run.output_dir="{work / "runs"}"',
             f"run.seed={seed}",
             "store.type=s3",
             'store.root="shipyard-chaos/origin"',
-            f'store.endpoint_url="{self.s3.endpoint}"',
+            f'store.endpoint_url="{endpoint}"',
             "store.key_env=CHAOS_S3_KEY",
             "store.secret_env=CHAOS_S3_SECRET",
             "store.timeout_s=20",
@@ -158,6 +195,7 @@ class ChaosRun:
             "relay.poll_s=0.2",
             "inference.poll_s=0.2",
             "sandbox.pool.warm=1",
+            *watchdog_overrides(),
         ]
         self.parts: dict[str, Component] = {}
         self._origin: Any = None
@@ -203,10 +241,11 @@ class ChaosRun:
         self.s3.start()
         logs = self.work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        url = f"http://127.0.0.1:{self.port}"
+        url = self.server_path.url if self.server_path else f"http://127.0.0.1:{self.port}"
+        env = {name: clock.env for name, clock in self.clocks.items()}
         self.parts = {
-            "trainer": Component("trainer", self._cli("trainer"), logs / "trainer.log"),
-            "relay": Component("relay", self._cli("relay"), logs / "relay.log"),
+            "trainer": Component("trainer", self._cli("trainer"), logs / "trainer.log", env.get("trainer")),
+            "relay": Component("relay", self._cli("relay"), logs / "relay.log", env.get("relay")),
             "server": Component(
                 "server",
                 self._cli(
@@ -216,11 +255,16 @@ class ChaosRun:
                     f"inference.port={self.port}",
                 ),
                 logs / "server.log",
+                env.get("server"),
             ),
             "worker": Component(
-                "worker", self._cli("worker", "--server", url, "--worker-id", "w0"), logs / "worker.log"
+                "worker",
+                self._cli("worker", "--server", url, "--worker-id", "w0"),
+                logs / "worker.log",
+                env.get("worker"),
             ),
         }
+        self.watch.parts = self.parts
         self.parts["trainer"].start()  # claims the run: the others attach to it
         _until(lambda: _quiet(lambda: self.origin()) is not None, 180, "the trainer claiming the run")
         self.parts["relay"].start()
@@ -236,6 +280,44 @@ class ChaosRun:
         if self.s3.proc is None or self.s3.proc.poll() is not None:
             self.s3.proc = None
             self.s3.start()
+        before = self.watch._last
+        self.watch.tick()
+        if self.watch._last != before:  # a monitor round (every second): note the trainer's progress
+            step = max_step(self)
+            if step > self._seen_step:
+                self._seen_step = step
+                self.step_times.append(time.monotonic())
+
+    targets = TARGETS
+    """The components a freeze or a clock jump hits in turn."""
+
+    def freeze(self, target: str) -> Frozen:
+        """SIGSTOP the process group of ``target``'s process (its supervisor restarts it when named)."""
+        part = self.parts[target]
+        assert part.proc is not None
+        pid = part.proc.pid
+        freeze(pid)
+        return Frozen(pid, lambda: part.proc is None or part.proc.pid != pid, lambda: thaw(pid))
+
+    def clock_of(self, target: str) -> ClockShift:
+        return self.clocks[target]
+
+    def health_records(self) -> list[dict[str, Any]]:
+        """Every component's last published record (the store's ``health/``, read directly, not through
+        the fault proxy) and the server's from its ``/health``."""
+        from shipyard.metrics.health import published_records
+
+        origin = _quiet(self.origin)
+        records = (_quiet(lambda: published_records(origin)) or []) if origin is not None else []
+        server = self.server_probe.record()
+        return records + ([server] if server is not None else [])
+
+    def close_faults(self) -> None:
+        for path in (self.store_path, self.server_path):
+            if path is not None:
+                path.close()
+        if self.s3_disk is not None:
+            self.s3_disk.close()
 
     def finished(self) -> bool:
         return self.parts["trainer"].done
@@ -245,6 +327,78 @@ class ChaosRun:
         for name in ("worker", "server", "relay", "trainer"):
             if name in self.parts:
                 self.parts[name].stop()
+
+
+class RayChaosRun(ChaosRun):
+    """The same run placed on Ray by one ``shipyard train`` driver (a local Ray instance: the trainer,
+    an inference server and a rollout worker as actors, each publishing its record to the store).
+    The supervisor here restarts the driver when it exits (a stalled trainer or server ends it with
+    status 3, and it resumes); the driver restarts a silent worker itself. The clock jumps for the
+    whole host (every actor inherits the driver's clock shift). No kills, no relay, no partition
+    (the worker reaches its server at the address the server actor gives, with no proxy between)."""
+
+    targets = ("worker", "server", "trainer")
+    NAMES = {"worker": "worker w0", "server": "server 0", "trainer": "trainer"}
+
+    def __init__(self, work: Path, steps: int, seed: int, faults: bool = True) -> None:
+        super().__init__(work, steps, seed, faults)
+        self.clocks = {"host": ClockShift(work, "host")} if faults else {}
+        self.seen_pids: set[int] = set()
+        """Every actor process that reported (their sandboxes and clusters are named after them)."""
+
+    def start(self) -> None:
+        os.environ.update(S3_ENV)
+        self.s3.start()
+        logs = self.work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        argv = self._cli(
+            "train",
+            "run.placement=ray",
+            "inference.num_servers=1",
+            "rollout.num_workers=1",
+            "eval.heldout_n=2",
+        )
+        env = self.clocks["host"].env if self.clocks else None
+        self.parts = {"driver": Component("driver", argv, logs / "driver.log", env)}
+        self.watch.parts = self.parts
+        self.parts["driver"].start()
+        _until(lambda: _quiet(lambda: self.origin()) is not None, 180, "the driver claiming the run")
+
+    def freeze(self, target: str) -> Frozen:
+        """SIGSTOP the actor process of ``target`` (its last record names it)."""
+        name = self.NAMES[target]
+        record = self.watch.monitor.record(name)
+        assert record is not None, f"{name} never reported"
+        pid = int(str(record["pid"]))
+        os.kill(pid, signal.SIGSTOP)
+
+        def replaced() -> bool:
+            now = self.watch.monitor.record(name)
+            return not Path(f"/proc/{pid}").exists() or (now is not None and now.get("pid") != pid)
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+        return Frozen(pid, replaced, resume)
+
+    def clock_of(self, target: str) -> ClockShift:
+        return self.clocks["host"]
+
+    def health_records(self) -> list[dict[str, Any]]:
+        from shipyard.metrics.health import published_records
+
+        origin = _quiet(self.origin)
+        records = (_quiet(lambda: published_records(origin)) or []) if origin is not None else []
+        self.seen_pids |= {int(str(r["pid"])) for r in records if str(r.get("pid", "")).isdigit()}
+        return records
+
+    def finished(self) -> bool:
+        return self.parts["driver"].done
+
+    def stop_components(self) -> None:
+        if "driver" in self.parts:
+            self.parts["driver"].stop()
 
 
 def _free_port() -> int:
@@ -399,8 +553,9 @@ def orphaned(store: Any) -> list[str]:
     return [k for k in keys if k not in named]
 
 
-def audit(run: ChaosRun) -> dict[str, Any]:
-    """The invariants after the run: versions, groups, leaks, orphans (module doc)."""
+def audit(run: ChaosRun, finished: bool = True) -> dict[str, Any]:
+    """The invariants after the run: versions, groups, leaks, orphans (module doc); over every step of
+    a ``finished`` run, or up to the last step trained of one stopped early."""
     from collections import Counter
 
     from shipyard.metrics.logger import read_metrics
@@ -412,9 +567,10 @@ def audit(run: ChaosRun) -> dict[str, Any]:
         for r in read_metrics(run.work / "runs" / RUN / "metrics.jsonl")
         if r.get("kind") == "consumed"
     }
+    upto = run.steps if finished else max(consumed, default=0)
     lost = [
         s
-        for s in range(1, run.steps + 1)
+        for s in range(1, upto + 1)
         if s not in consumed
         or _quiet(lambda s=s: read_manifest(origin, s).state_digest) != consumed[s]["digest"]
     ]
@@ -423,12 +579,20 @@ def audit(run: ChaosRun) -> dict[str, Any]:
         "steps_trained": len(consumed),
         "lost_versions": len(lost),
         "double_trained_groups": sum(n - 1 for n in groups.values() if n > 1),
-        "orphaned_store_objects": len(orphaned(origin)) + len(orphaned(run.mirror())),
-        **leaks(run.work, {pid for part in run.parts.values() for pid in part.pids}, run.s3.proc),
+        "orphaned_store_objects": len(orphaned(origin))
+        + (len(orphaned(run.mirror())) if not isinstance(run, RayChaosRun) else 0),
+        **leaks(
+            run.work,
+            {pid for part in run.parts.values() for pid in part.pids} | getattr(run, "seen_pids", set()),
+            run.s3.proc,
+            ray=isinstance(run, RayChaosRun),
+        ),
     }
 
 
-def leaks(work: Path, pids: set[int], store: subprocess.Popen[bytes] | None) -> dict[str, Any]:
+def leaks(
+    work: Path, pids: set[int], store: subprocess.Popen[bytes] | None, ray: bool = False
+) -> dict[str, Any]:
     """Sandboxes, clusters and processes the run's components (``pids``, every incarnation) left
     (the S3 server ``store``, still up for the audit, aside)."""
     import re
@@ -439,10 +603,13 @@ def leaks(work: Path, pids: set[int], store: subprocess.Popen[bytes] | None) -> 
         d for t in tmp if t.is_dir() for d in t.iterdir() if (m := owned.match(d.name)) and int(m[1]) in pids
     ]
     spared = set(descendants(store.pid)) if store is not None else set()
+    ours = ("ray::", "/raylet", "gcs_server") if ray else ()  # a Ray instance the driver did not stop
     alive = [
         f"{pid} {cmd[:200]}"
         for pid, cmd in _procs()
-        if pid != os.getpid() and pid not in spared and (str(work) in cmd or any(str(d) in cmd for d in dirs))
+        if pid != os.getpid()
+        and pid not in spared
+        and (str(work) in cmd or any(str(d) in cmd for d in dirs) or any(o in cmd for o in ours))
     ]
     return {
         "leaked_sandboxes": sum("shipyard-pg-" not in d.name for d in dirs),
@@ -454,23 +621,66 @@ def leaks(work: Path, pids: set[int], store: subprocess.Popen[bytes] | None) -> 
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--rounds", type=int, default=None, help="rounds over the 7 kinds (default 3, --quick 1)")
+    p.add_argument(
+        "--stall-rounds",
+        type=int,
+        default=None,
+        help="rounds over the 6 stall kinds after the kills (benchmarks/stalls.py; default 2, --quick 0)",
+    )
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: enough for the rounds)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--placement",
+        choices=["process", "ray"],
+        default="process",
+        help="ray: the run as Ray actors under one `shipyard train`, stalls only (merged into chaos.json under `ray`)",
+    )
     args = p.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stopped benchmark stops its run too
-    rounds = args.rounds or (1 if args.quick else 3)
-    steps = args.steps or 60 * rounds
+    ray = args.placement == "ray"
+    rounds = args.rounds if args.rounds is not None else (0 if ray else 1 if args.quick else 3)
+    stall_rounds = args.stall_rounds if args.stall_rounds is not None else (0 if args.quick else 2)
+    steps = args.steps or 60 * max(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        figures = run_chaos(Path(tmp), rounds, steps, args.seed)
-    table(
-        "chaos: recovery after SIGKILL, per component kind",
-        {
-            k: {"kills": figures["kinds"][k], "max recovery s": figures["max_recovery_s"][k]}
-            for k in figures["kinds"]
-        },
-    )
+        kinds = tuple(k for k in STALLS if not (ray and k == "partition"))
+        figures = run_chaos(Path(tmp), rounds, steps, args.seed, stall_rounds, kinds, args.placement)
+    if rounds:
+        table(
+            "chaos: recovery after SIGKILL, per component kind",
+            {
+                k: {"kills": figures["kinds"][k], "max recovery s": figures["max_recovery_s"][k]}
+                for k in figures["kinds"]
+            },
+        )
+    if stall_rounds:
+        table(
+            "chaos: stalls (detect: first naming after the injection; recover: after the fault ended)",
+            {
+                k: {
+                    "stalls": n,
+                    "max detect s": figures["detect_s"][k],
+                    "max recover s": figures["recover_s"][k],
+                }
+                for k, n in figures["stalls"].items()
+            },
+        )
     table("chaos: invariants (all 0)", {"": {k: figures[k] for k in INVARIANTS}})
-    write_results(args, "chaos", figures)
+    if ray:  # beside the process placement's figures
+        path = args.out / f"chaos{'_quick' if args.quick else ''}.json"
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged["ray"] = {**figures, "not_run": {"partition": "no proxy fits between Ray actors"}}
+        tmp_path = path.with_suffix(".tmp")
+        tmp_path.write_text(json.dumps(merged, indent=1) + "\n")
+        tmp_path.replace(path)
+        print(f"merged into {path} under 'ray'")
+    else:  # keeping the Ray figures a `--placement ray` run merged in
+        path = args.out / f"chaos{'_quick' if args.quick else ''}.json"
+        kept = (
+            {"ray": json.loads(path.read_text())["ray"]}
+            if path.exists() and '"ray"' in path.read_text()
+            else {}
+        )
+        write_results(args, "chaos", {**figures, **kept})
 
 
 INVARIANTS = (
@@ -479,21 +689,41 @@ INVARIANTS = (
     "leaked_sandboxes",
     "leaked_processes",
     "orphaned_store_objects",
+    "silent_hangs",
 )
 
 
-def run_chaos(work: Path, rounds: int, steps: int, seed: int) -> dict[str, Any]:
-    """Start the run, kill ``rounds`` x 7 times, let it finish, stop it, audit it; the figures."""
-    run = ChaosRun(work, steps, seed)
+def run_chaos(
+    work: Path,
+    rounds: int,
+    steps: int,
+    seed: int,
+    stall_rounds: int = 0,
+    stall_kinds: tuple[str, ...] = STALLS,
+    placement: str = "process",
+) -> dict[str, Any]:
+    """Start the run, kill ``rounds`` x 7 times, then stall it ``stall_rounds`` x 6 times
+    (:mod:`stalls`), let it finish (a run with stalls is stopped where it is: its length is not
+    known in advance), stop it, audit it; the figures."""
+    if placement == "ray" and (rounds or "partition" in stall_kinds):
+        raise ValueError("--placement ray runs stalls only, without partition: --rounds 0 and no partition")
+    make = RayChaosRun if placement == "ray" else ChaosRun
+    run = make(work, steps if not stall_rounds else 1_000_000, seed, faults=stall_rounds > 0)
+    stall_log: list[dict[str, Any]] = []
     try:
         run.start()
         kills, chaos_s = chaos(run, rounds)
-        finish_s = _until(run.finished, 1800, "the run finishing its steps", run.supervise)
+        if stall_rounds:
+            stall_log = run_stalls(run, stall_rounds, probes(run), lambda: run.step_times, stall_kinds)
+            finish_s = 0.0
+        else:
+            finish_s = _until(run.finished, 1800, "the run finishing its steps", run.supervise)
         run.stop_components()
-        invariants = audit(run)
+        invariants = audit(run, finished=not stall_rounds)
     finally:
         run.stop_components()
         run.s3.stop()
+        run.close_faults()
     kinds: dict[str, list[float]] = {}
     for k in kills:
         kinds.setdefault(k["kind"], []).append(k["recovery_s"])
@@ -502,12 +732,41 @@ def run_chaos(work: Path, rounds: int, steps: int, seed: int) -> dict[str, Any]:
         "kinds": {k: len(v) for k, v in kinds.items()},
         "max_recovery_s": {k: max(v) for k, v in kinds.items()},
         "restarts": {name: part.restarts for name, part in run.parts.items()},
-        "steps": steps,
+        "steps": steps if not stall_rounds else invariants["steps_trained"],
         "chaos_s": chaos_s,
         "finish_s": finish_s,
         "kill_log": kills,
+        **stall_figures(stall_log),
         **invariants,
     }
+
+
+def probes(run: ChaosRun) -> Probes:
+    """What :func:`stalls.run_stalls` asks of the run."""
+
+    def restart_store() -> None:
+        run.s3.stop()
+        run.s3.start()
+
+    def writable() -> bool:
+        try:
+            run.origin().put("chaos/probe", b"x")
+        except Exception:
+            return False
+        return True
+
+    return Probes(
+        steps=lambda: max_step(run),
+        batches=lambda: batches(run),
+        server_up=(lambda: _health(run))
+        if not isinstance(run, RayChaosRun)
+        else (lambda: all(x["component"] != "server 0" for x in run.watch.monitor.stalled())),
+        mirror_latest=lambda: _latest(run.mirror),
+        origin_latest=lambda: _latest(run.origin),
+        store_writable=writable,
+        restart_store=restart_store,
+        until=lambda cond, timeout_s, what: _until(cond, timeout_s, what, run.supervise),
+    )
 
 
 if __name__ == "__main__":

@@ -51,13 +51,24 @@ DEPENDS: dict[str, set[str]] = {
     "trainer": {"agent", "config", "envs", "metrics", "models", "rollout", "store", "weights"},
     "eval": {"agent", "config", "envs", "inference", "metrics", "store", "weights"},
     "online": {"agent", "config", "envs", "eval", "inference", "store", "trainer", "weights"},
-    "fleet": {"agent", "config", "envs", "inference", "models", "rollout", "store", "trainer", "weights"},
+    "fleet": {
+        "agent",
+        "config",
+        "envs",
+        "inference",
+        "metrics",
+        "models",
+        "rollout",
+        "store",
+        "trainer",
+        "weights",
+    },
     "orchestrate": {
         *("agent", "config", "envs", "eval", "fleet", "inference", "metrics", "models", "rollout"),
         *("store", "trainer", "weights"),
     },
     "view": {"agent", "config", "eval", "models", "rollout", "store", "trainer", "weights"},
-    "cli": {"config", "eval", "fleet", "inference", "metrics", "online", "orchestrate", "view", "weights"},
+    "cli": {"config", "eval", "fleet", "inference", "metrics", "online", "orchestrate", "view"},
 }
 """The Shipyard packages each package imports: exactly those (a new dependency is a decision: add it
 here, within :data:`LAYERS`' order; a dependency dropped from the code is dropped here)."""

@@ -1,5 +1,5 @@
 """The `shipyard` command: `train`, `eval`, `serve`, `relay`, `warmstart`, `midtrain`, `trainer`, `worker`,
-`region`, `online ACTION`, each taking a TOML config and dotted overrides, and `view`, taking run directories.
+`region`, `health`, `online ACTION`, each taking a TOML config and dotted overrides, and `view`, taking run directories.
 
 Thin by design: parse arguments and the config (no torch import), print it on `--dry-run`, then
 import the heavy subsystem. A wrong field or value exits with status 2 and a message naming it.
@@ -13,6 +13,7 @@ import the heavy subsystem. A wrong field or value exits with status 2 and a mes
     shipyard trainer configs/demo.toml                  # the trainer alone (resumes its checkpoint)
     shipyard worker configs/demo.toml --server http://127.0.0.1:8000 --worker-id w0
     shipyard region configs/demo.toml fleet.region=eu  # a [[fleet.regions]] entry: relay, servers, workers
+    shipyard health configs/demo.toml --for 90          # exit 3 if a standalone component stalled
     shipyard train configs/demo.toml --dry-run
     shipyard view runs/demo runs/try2 --port 8600       # dashboard and rollout viewer in a browser
     shipyard online gateway configs/demo.toml online.gateway.upstream=http://127.0.0.1:8000
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
             "region",
             "run a region of fleet.regions on this machine: its relay, servers and workers, supervised",
         ),
+        ("health", "watch a run's components from outside (a supervisor's probe); exit 3 if one stalled"),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("config", help="TOML config file (see configs/)")
@@ -55,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         if name == "worker":
             s.add_argument("--server", required=True, help="inference server URL, e.g. http://127.0.0.1:8000")
             s.add_argument("--worker-id", default="w0", help="names the worker's batches (rollouts/<id>/)")
+        if name == "health":
+            s.add_argument(
+                "--server", action="append", default=[], help="an inference server URL to probe too"
+            )
+            s.add_argument(
+                "--for", dest="for_s", type=float, help="watch this many seconds (default: until Ctrl-C)"
+            )
     o = sub.add_parser("online", help="real-time RL from served traffic: gateway, rewards, export, retention")
     o.add_argument(
         "action", choices=["gateway", "mature", "export", "retain", "status", "promote", "rollback"]
@@ -115,11 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         return _region(cfg, args)
     elif args.command == "online":
         return _online(cfg, args)
+    elif args.command == "health":
+        from shipyard.orchestrate.standalone import STALL_EXIT
+        from shipyard.orchestrate.supervise import watch_run
+
+        return STALL_EXIT if watch_run(cfg, args.server, args.for_s) else 0
     elif args.command == "relay":
-        from shipyard.weights.relay import run_relay
+        from shipyard.orchestrate.standalone import relay_process
 
         _stop_on_signals()
-        run_relay(cfg)
+        relay_process(cfg)
     else:
         from shipyard.inference.serving.serve import serve
 

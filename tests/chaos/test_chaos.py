@@ -3,10 +3,10 @@ loses no version, trains no group twice and leaves nothing behind (`benchmarks/c
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from tests.chaos.conftest import load_chaos
 
 from shipyard.envs.sandbox import sandbox_available
 from shipyard.envs.services.postgres import postgres_available
@@ -20,17 +20,9 @@ pytestmark = [
 ]
 
 
-def _chaos():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("chaos_bench", ROOT / "benchmarks" / "chaos.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.timeout(1800)
 def test_every_component_killed_once_and_the_run_finishes_clean(tmp_path: Path) -> None:
-    chaos = _chaos()
+    chaos = load_chaos()
     figures = chaos.run_chaos(tmp_path, rounds=1, steps=60, seed=1)
     assert figures["kills"] >= 6 and len(figures["kinds"]) >= 6, figures["kill_log"]
     assert figures["steps_trained"] == 60

@@ -70,6 +70,8 @@ def test_a_standalone_worker_with_a_hung_harness_exits_for_its_supervisor(tmp_pa
         "harness.timeout_s=900",
         "run.watchdog.deadlines.worker=3",
         "run.watchdog.check_s=0.5",
+        "run.watchdog.report_s=0.5",
+        "run.watchdog.silent_s=2",
     ]
     cfg = load_config(ROOT / "configs/tiny_harness.toml", over)
     store = stamp_new_run(LocalStore(tmp_path / "store"), cfg.run.name)
@@ -86,3 +88,24 @@ def test_a_standalone_worker_with_a_hung_harness_exits_for_its_supervisor(tmp_pa
     where = tmp_path / cfg.run.name / "workers" / "w0"
     [stall] = [json.loads(x) for x in (where / "health.jsonl").read_text().splitlines() if '"stall"' in x]
     assert stall["component"] == "worker w0" and Path(stall["stacks"]).is_file()
+    # it reported to the store while it ran: `shipyard health`, watching from outside, finds it
+    # silent in the phase it was stuck in and exits 3 (the probe a supervisor runs)
+    record = json.loads(store.get("health/worker-w0.json"))
+    assert (record["component"], record["phase"]) == ("worker w0", "sessions") and record["reports"] >= 1
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shipyard.cli",
+            "health",
+            str(ROOT / "configs/tiny_harness.toml"),
+            *over,
+            "--for",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 3, probe.stdout[-2000:] + probe.stderr[-2000:]
+    assert "STALL (silent): worker w0" in probe.stdout and "last in phase 'sessions'" in probe.stdout

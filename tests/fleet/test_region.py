@@ -96,3 +96,70 @@ def test_a_server_or_relay_is_restarted_however_it_exits(tmp_path: Path) -> None
         proc.supervise()
     assert proc.restarts == 2 and not proc.done
     proc.stop()
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from shipyard.config.schema import WatchdogConfig
+from shipyard.metrics.health import watch
+from shipyard.store import LocalStore
+store = LocalStore(sys.argv[1])
+with watch(WatchdogConfig(report_s=0.2, silent_s=1), Path(sys.argv[2]), "worker eu-w0", store.put) as beat:
+    beat.enter("sessions")
+    while True:
+        beat.tick()
+        time.sleep(0.05)
+"""
+
+
+def test_a_frozen_process_is_named_silent_killed_and_restarted(tmp_path: Path) -> None:
+    """Issue 40: a region's process frozen whole (SIGSTOP: its own watchdog is frozen too) stops
+    reporting to the store; the region names it silent from outside, kills it, and restarts it."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import until
+
+    from shipyard.store import LocalStore
+    from shipyard.store.run import stamp_new_run
+
+    overrides = [
+        REGIONS,
+        "rollout.num_workers=5",
+        "trainer.groups_per_step=5",
+        "fleet.region=eu",
+        f'store.root="{tmp_path / "store"}"',
+        "run.watchdog.report_s=0.2",
+        "run.watchdog.silent_s=1",
+    ]
+    cfg = load_config(ROOT / "configs/tiny.toml", overrides)
+    run = stamp_new_run(LocalStore(tmp_path / "store"), cfg.run.name)
+    region = Region(cfg, str(ROOT / "configs/tiny.toml"), overrides, log_dir=tmp_path / "logs")
+    worker = region.workers[0]
+    worker.argv = [sys.executable, "-c", CHILD, str(tmp_path / "store" / cfg.run.name), str(tmp_path / "w")]
+    worker.restart_s = 0.0
+    worker.start()
+    try:
+        key = "health/worker-eu-w0.json"
+        assert until(lambda: key in run.list("health/") and b"sessions" in run.get(key), 60)
+        first = worker.proc.pid
+        end = time.monotonic() + 2.0  # twice silent_s, alive and ticking: never named
+        while time.monotonic() < end:
+            region._checked = 0.0
+            region.check_health()
+            time.sleep(0.05)
+        assert region.named == []
+        os.kill(first, signal.SIGSTOP)
+        assert until(
+            lambda: (setattr(region, "_checked", 0.0), region.check_health(), region.named)[2] != [], 30
+        )
+        [stall] = region.named
+        assert (stall["component"], stall["reason"], stall["phase"]) == ("worker eu-w0", "silent", "sessions")
+        assert stall["action"] == "killed, to be restarted" and worker.proc.returncode == -9
+        worker.supervise()  # restart_s = 0: started again at once
+        assert worker.restarts == 1 and worker.proc.pid != first
+        assert until(lambda: f'"pid": {worker.proc.pid}' in run.get("health/worker-eu-w0.json").decode(), 60)
+    finally:
+        worker.kill()

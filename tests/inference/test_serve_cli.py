@@ -58,6 +58,7 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path, run_first: bool) ->
         str(ROOT / "configs/tiny.toml"),
         f"inference.port={port}",
         f'store.root="{tmp_path}"',
+        f'run.output_dir="{tmp_path.parent / (tmp_path.name + "-runs")}"',
         "inference.poll_s=0.2",
     ]
     log = tmp_path.parent / f"{tmp_path.name}-serve.log"
@@ -84,6 +85,10 @@ def test_serve_answers_and_follows_the_store(tmp_path: Path, run_first: bool) ->
             timeout=60,
         ).json()
         assert out["results"][0]["versions"] == [1, 1]
+        # watched (issue 40): `/health` answers its progress record, for a monitor outside
+        health = httpx.get(f"{base}/health", timeout=10).json()["health"]
+        assert (health["component"], health["version"], health["pid"]) == (f"server {port}", 1, proc.pid)
+        assert health["phase"] in ("idle", "decode") and health["seq"] >= 1
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -60,7 +60,7 @@ def taught_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    model = teach(AutoModelForCausalLM.from_config(config, dtype=torch.float32), tok, tool_examples(tok), 150)
+    model = teach(AutoModelForCausalLM.from_config(config, dtype=torch.float32), tok, tool_examples(tok), 90)
     out = tmp_path_factory.mktemp("taught")
     model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -1161,21 +1161,39 @@ class WatchdogConfig(_Section):
     """Seconds a component may go without progress (a session finished, a decode step, a trainer
     phase begun) in a phase that is not idle before it is a stall."""
     deadlines: dict[str, float] = {}
-    """Per component kind (`trainer`, `worker`, `server`): its own deadline in seconds."""
+    """Per component kind (`trainer`, `worker`, `server`, `relay`): its own deadline in seconds."""
     check_s: float = Field(5.0, gt=0)
     """How often the watchdog looks."""
     snapshot_s: float = Field(30.0, gt=0)
     """How often every component's progress is appended to `health.jsonl`."""
+    report_s: float = Field(10.0, gt=0)
+    """How often a standalone process (`shipyard trainer`, `worker`, `relay`) publishes its
+    components' progress to the run's store (`health/<component>.json`), for a supervisor that
+    watches it from outside (`shipyard health`); `shipyard serve` answers it on `/health`."""
+    silent_s: float = Field(60.0, gt=0)
+    """Seconds without a new report after which a watcher outside the process names the component
+    silent (frozen, dead or cut off from the store); more than `report_s` plus a slow store call."""
 
     @field_validator("deadlines")
     @classmethod
     def _kinds(cls, deadlines: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(deadlines) - {"trainer", "worker", "server"})
+        unknown = sorted(set(deadlines) - {"trainer", "worker", "server", "relay"})
         if unknown:
-            raise ValueError(f"unknown component kind(s) {unknown}; the kinds are trainer, worker, server")
+            raise ValueError(
+                f"unknown component kind(s) {unknown}; the kinds are trainer, worker, server, relay"
+            )
         if any(v <= 0 for v in deadlines.values()):
             raise ValueError("every deadline must be > 0 seconds")
         return deadlines
+
+    @model_validator(mode="after")
+    def _silent_after_reports(self) -> WatchdogConfig:
+        if self.silent_s <= self.report_s:
+            raise ValueError(
+                f"run.watchdog.silent_s={self.silent_s} must be more than report_s={self.report_s}: a "
+                f"component is silent only after reports it should have made are missing"
+            )
+        return self
 
 
 class RunConfig(_Section):

@@ -12,7 +12,12 @@ Contract: ``shipyard region CONFIG fleet.region=<name>`` looks ``<name>`` up in 
 
 A worker that exits with an error is started again after ``restart_s`` (what systemd or a Ray
 actor's restart policy would do) and one that exits 0 stays down; the relay and the servers are
-started again however they exit. When every worker has exited 0 (the
+started again however they exit. A process alive but stuck ends itself (its own watchdog,
+``run.watchdog``, exits with status 3) and is restarted the same way; one frozen whole cannot, so
+the region also watches its processes from outside: every ``report_s`` the records its relay and
+workers publish to the origin store and its servers' ``/health`` go to a
+:class:`~shipyard.metrics.health.Monitor`, and a process named silent is killed (SIGKILL) to be
+restarted. When every worker has exited 0 (the
 trainer wrote ``control/finished``), the region stops its servers and relay and returns 0. A
 signal (:meth:`Region.stop`) stops the workers first, then the servers, then the relay. The region
 adopts versions at its relay's pace and goes on with the version it holds when cut off from the
@@ -39,6 +44,7 @@ import time
 from pathlib import Path
 
 from shipyard.config.schema import RegionConfig, ShipyardConfig
+from shipyard.metrics.health import Monitor, RecordSource, ServerProbe, published_records
 
 
 class Supervised:
@@ -83,6 +89,13 @@ class Supervised:
             self.restarts += 1
             self.start()
 
+    def kill(self) -> None:
+        """SIGKILL its process group (a frozen process: :meth:`supervise` restarts it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM its process group, SIGKILL after ``grace_s``."""
         if self.proc is None or self.proc.poll() is not None:
@@ -120,6 +133,12 @@ class Region:
         self._base = [sys.executable, "-m", "shipyard.cli"]
         self._config = [config_path, *overrides, f"fleet.region={self.spec.name}"]
         self._stop = threading.Event()
+        self.monitor = Monitor(cfg.run.watchdog.silent_s)
+        self.named: list[dict[str, object]] = []
+        """Every stall the region named (each with its ``action``)."""
+        self._origin: RecordSource | None = None
+        self._checked = 0.0
+        self._probes = [ServerProbe(f"http://127.0.0.1:{self.port(i)}") for i in range(self.spec.servers)]
         mirror = f'"{self.spec.mirror_root}"'
         self.relay = self._proc(
             "relay", "relay", [f"relay.mirror.root={mirror}", f"relay.region={self.spec.name}"]
@@ -151,6 +170,48 @@ class Region:
     def port(self, server: int) -> int:
         return self.spec.port + server
 
+    def components(self) -> dict[str, Supervised]:
+        """Each process by the name its component reports under."""
+        name = self.spec.name
+        return {
+            f"relay {name}": self.relay,
+            **{f"server {self.port(i)}": p for i, p in enumerate(self.servers)},
+            **{f"worker {name}-w{w}": p for w, p in enumerate(self.workers)},
+        }
+
+    def check_health(self) -> None:
+        """Every ``report_s``: the records of the region's processes into the monitor; a process named
+        silent (frozen whole) is killed, and restarted by its supervision."""
+        now = time.monotonic()
+        if not self.cfg.run.watchdog.enabled or now - self._checked < self.cfg.run.watchdog.report_s:
+            return
+        self._checked = now
+        ours = self.components()
+        try:
+            if self._origin is None:
+                from shipyard.store.run import open_run
+
+                self._origin = open_run(self.cfg.store, self.cfg.run.name)
+            records = [r for r in published_records(self._origin) if r["component"] in ours]
+        except (OSError, TimeoutError, ValueError):
+            return  # the origin cannot be read from here now: no verdict on anyone
+        records += [r for p in self._probes if (r := p.record()) is not None]
+        self.monitor.observe(records, now)
+        for stall in self.monitor.check(now):
+            proc = ours[str(stall["component"])]
+            frozen = (
+                stall["reason"] == "silent" and proc.proc is not None and proc.proc.pid == stall.get("pid")
+            )
+            action = "killed, to be restarted" if frozen else "left to its own watchdog"
+            self.named.append({**stall, "action": action})
+            print(
+                f"region {self.spec.name}: {stall['component']} {stall['reason']} in phase "
+                f"{stall['phase']!r} for {stall['age_s']} s: {action}",
+                flush=True,
+            )
+            if frozen:
+                proc.kill()
+
     def _proc(
         self, name: str, command: str, overrides: list[str], flags: list[str] | None = None
     ) -> Supervised:
@@ -181,6 +242,7 @@ class Region:
             while not self._stop.is_set() and not all(w.done for w in self.workers):
                 for p in self.processes:
                     p.supervise()
+                self.check_health()
                 self._stop.wait(poll_s)
         finally:
             for p in [*self.workers, *self.servers, self.relay]:

@@ -46,6 +46,7 @@ class LocalPlacement:
             engine = getattr(node, "engine", None)  # the embedded engine reports its steps
             if engine is not None:
                 engine.beat = self.health.beat(f"server {i}")
+                engine.beat.note(version=engine.version)
         return [n.url for n in self.nodes]
 
     def start_training(self) -> None:

@@ -6,11 +6,28 @@ config joins that cluster (a token-authenticated cluster needs ``RAY_AUTH_MODE=t
 ``RAY_AUTH_TOKEN`` in the driver's environment, as Ray documents). Actors ask for the CPUs their torch threads use; rollout workers ask
 for none (they wait on HTTP and sandboxes). Actor logs stay in Ray's session log directory so
 the driver's live table stays readable; actor errors surface through ``trainer_result``.
+
+Watched as the standalone processes are (``run.watchdog``): each actor's component (``trainer``,
+``server <i>``, ``worker <id>``) runs under its own watchdog, which names a stall with its stacks
+(under ``<run_dir>/actors/<component>/``) and ends the actor's process with status 3, and
+publishes its record to the run's store every ``report_s``. The driver reads those records into a
+:class:`~shipyard.metrics.health.Monitor` in a thread of its own from the moment the servers are up
+(so a stall is named even while the driver waits on a call), and an actor frozen whole is named too
+(``silent``), in ``<run_dir>/health.jsonl`` and on the console; a stalled server is killed at
+once, so that no call of the driver's waits on it until its timeout. Rollout workers are
+restarted: Ray restarts a worker actor that died (``max_restarts``) and retries its ``run``, which
+resumes after its last written batch, and the driver kills a silent one for Ray to restart. A
+stalled trainer or server ends the run with a :class:`~shipyard.metrics.health.StallError`
+naming it (``shipyard train`` exits 3; rerun, it resumes), as a server restarted elsewhere would
+serve on another address than its workers use.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +37,56 @@ SERVER_START_S = 900
 """How long the inference actors may take to answer their first call (loading the model)."""
 
 
+def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> Any:
+    from shipyard.metrics.health import Watched
+
+    where = Path(run_dir) / "actors" / component.replace(" ", "-")
+    return Watched(cfg.run.watchdog, where, component, publish=store.put)
+
+
 class _InferenceActor:
-    def __init__(self, cfg: ShipyardConfig) -> None:
+    def __init__(self, cfg: ShipyardConfig, index: int, run_dir: str) -> None:
         from shipyard.inference.backends.base import start_node
         from shipyard.store.run import open_run
 
-        self.node = start_node(cfg, open_run(cfg.store, cfg.run.name))
+        store = open_run(cfg.store, cfg.run.name)
+        self.node = start_node(cfg, store)
+        self.watched = _watched(cfg, run_dir, f"server {index}", store)
+        beat = self.watched.start()
+        beat.enter("idle")  # until its first decode step (a vLLM node reports none)
+        if (engine := getattr(self.node, "engine", None)) is not None:
+            engine.beat = beat
+            beat.note(version=engine.version)
 
     def url(self) -> str:
         return self.node.url
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def stop(self) -> None:
+        self.watched.stop()
         self.node.stop()
 
 
 class _RolloutActor:
-    def __init__(self, cfg: ShipyardConfig, worker_id: str, url: str) -> None:
+    def __init__(self, cfg: ShipyardConfig, worker_id: str, url: str, run_dir: str) -> None:
         from shipyard.orchestrate.components import build_worker
         from shipyard.store.run import open_run
 
-        self.worker = build_worker(cfg, worker_id, url, open_run(cfg.store, cfg.run.name))
+        store = open_run(cfg.store, cfg.run.name)
+        self.worker = build_worker(cfg, worker_id, url, store)
+        self.watched = _watched(cfg, run_dir, f"worker {worker_id}", store)
 
     def run(self) -> int:
-        return self.worker.run()
+        self.worker.beat = self.watched.start()
+        try:
+            return self.worker.run()
+        finally:
+            self.watched.stop()
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class _RankActor:
@@ -76,8 +120,12 @@ def _train_rank(ranks: Any, cfg: ShipyardConfig, run_dir: str) -> dict[str, Any]
     store = open_run(cfg.store, cfg.run.name)
     if not ranks.leader:  # rank 0 reads the feed
         return run_trainer(cfg, store, Path(run_dir), ranks)
+    watched = _watched(cfg, run_dir, "trainer", store)
     with trainer_gate(cfg, store) as gate:
-        return run_trainer(cfg, store, Path(run_dir), ranks, gate=gate)
+        try:
+            return run_trainer(cfg, store, Path(run_dir), ranks, gate=gate, beat=watched.start())
+        finally:
+            watched.stop()
 
 
 def start_rank_group(cfg: ShipyardConfig, fn: Any, *args: Any) -> list[Any]:
@@ -102,6 +150,16 @@ def start_rank_group(cfg: ShipyardConfig, fn: Any, *args: Any) -> list[Any]:
     # rank 0's rendezvous address: its actor starting (scheduling, imports) is all it waits for
     address = ray.get(ranks[0].address.remote(), timeout=600) if t.world_size > 1 else ""
     return [r.run.remote(address, fn, *args) for r in ranks]
+
+
+def for_actors(cfg: ShipyardConfig) -> ShipyardConfig:
+    """``cfg`` with absolute local paths (actors run in other working directories): a local store's
+    root and the model cache; an S3 store's root (``bucket/prefix``) is not a path and stays."""
+    cfg = cfg.model_copy(deep=True)
+    if cfg.store.type == "local":
+        cfg.store.root = str(Path(cfg.store.root).resolve())
+    cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
+    return cfg
 
 
 def init_ray(cfg: ShipyardConfig) -> None:
@@ -159,41 +217,50 @@ class RayPlacement:
         import ray
 
         self.ray = ray
-        self.cfg = cfg
+        self.cfg = for_actors(cfg)
         self.run_dir = run_dir.resolve()
-        # Actors run in other working directories: give them absolute paths.
-        self.cfg = cfg.model_copy(deep=True)
-        self.cfg.store.root = str(Path(cfg.store.root).resolve())
-        self.cfg.model.cache_dir = str(Path(cfg.model.cache_dir).expanduser().resolve())
         init_ray(self.cfg)
         self.servers: list[Any] = []
         self.workers: list[Any] = []
         self._runs: list[Any] = []
         self._trainer_refs: list[Any] = []
+        self.watch = ActorWatch(self.cfg, self.run_dir, ray)
+        self.urls: list[str] = []
 
     def start_inference(self) -> list[str]:
         inf = self.cfg.inference
         gpus = 1.0 / inf.num_servers if inf.device == "cuda" else 0  # the servers share one GPU
         actor = self.ray.remote(num_cpus=inf.threads, num_gpus=gpus, max_concurrency=4)(_InferenceActor)
-        self.servers = [actor.remote(self.cfg) for _ in range(self.cfg.inference.num_servers)]
+        self.servers = [actor.remote(self.cfg, i, str(self.run_dir)) for i in range(inf.num_servers)]
+        self.watch.actors.update({f"server {i}": s for i, s in enumerate(self.servers)})
         # each server loads the model first; a node that never comes up ends as a GetTimeoutError
-        return self.ray.get([s.url.remote() for s in self.servers], timeout=SERVER_START_S)
+        self.urls = self.ray.get([s.url.remote() for s in self.servers], timeout=SERVER_START_S)
+        self.watch.start()
+        return self.urls
 
     def start_training(self) -> None:
-        urls = self.ray.get([s.url.remote() for s in self.servers], timeout=SERVER_START_S)
-        worker_cls = self.ray.remote(num_cpus=0)(_RolloutActor)
+        urls = self.urls  # (asking a server again could wait on one that froze since)
+        # a worker that died (its watchdog ends a stalled one) is restarted and its run retried: it
+        # resumes after its last written batch
+        worker_cls = self.ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RolloutActor)
         for i in range(self.cfg.rollout.num_workers):
-            w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)])
+            w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)], str(self.run_dir))
             self.workers.append(w)
+            self.watch.actors[f"worker w{i}"] = w
             self._runs.append(w.run.remote())
         self._trainer_refs = start_rank_group(self.cfg, _train_rank, self.cfg, str(self.run_dir))
 
     def trainer_done(self) -> bool:
+        if self.watch.stall is not None:
+            return True
         ready, _ = self.ray.wait(self._trainer_refs, timeout=0)  # any rank ending ends the group
         return bool(ready)
 
     def trainer_result(self) -> dict[str, Any]:
-        """Rank 0's summary, with the node of every rank; a failed rank's error is raised."""
+        """Rank 0's summary, with the node of every rank; a failed rank's error is raised, and a
+        stall the driver named as a :class:`~shipyard.metrics.health.StallError`."""
+        if self.watch.stall is not None:
+            raise self.watch.stall
         results = self.ray.get(self._trainer_refs)
         return {**results[0], "nodes": [r["node"] for r in results]}
 
@@ -203,8 +270,90 @@ class RayPlacement:
         self.workers, self._runs = [], []
 
     def stop(self) -> None:
+        self.watch.stop()
         self.stop_workers()
-        self.ray.get([s.stop.remote() for s in self.servers], timeout=120)  # then killed either way
+        try:  # then killed either way; a stalled server (killed by the watch) answers with an error
+            self.ray.get([s.stop.remote() for s in self.servers], timeout=120)
+        except (self.ray.exceptions.RayError, TimeoutError) as e:
+            print(f"a server did not stop cleanly ({type(e).__name__}); killing it", flush=True)
         for s in self.servers:
             self.ray.kill(s)
         self.ray.shutdown()  # stops a local instance; only disconnects from a cluster given by address
+
+
+class ActorWatch:
+    """The driver's view of its actors' health (module doc): every ``report_s`` (in a thread of its
+    own, from :meth:`start` until :meth:`stop`) the records in the run's store go to a
+    :class:`~shipyard.metrics.health.Monitor`; a named stall is written to ``health.jsonl`` and
+    printed, a silent worker is killed for Ray to restart, a stalled trainer or server sets
+    :attr:`stall`."""
+
+    def __init__(self, cfg: ShipyardConfig, run_dir: Path, ray: Any) -> None:
+        from shipyard.metrics.health import Monitor
+        from shipyard.store.run import open_run
+
+        self.cfg, self.run_dir, self.ray = cfg, run_dir, ray
+        self.store = open_run(cfg.store, cfg.run.name)
+        self.monitor = Monitor(cfg.run.watchdog.silent_s)
+        self.actors: dict[str, Any] = {}
+        """The actor of each watched component (servers and workers; the trainer's ranks are a group)."""
+        self.stall: Exception | None = None
+        self.named: list[dict[str, Any]] = []
+        self._checked = self._snapshot = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shipyard-actor-watch", daemon=True)
+
+    def start(self) -> None:
+        """Check in a thread of the driver's own, so a stall is named while the driver waits on a call."""
+        if self.cfg.run.watchdog.enabled and self._thread.ident is None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.run.watchdog.report_s):
+            self.check()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if not self.cfg.run.watchdog.enabled or now - self._checked < self.cfg.run.watchdog.report_s:
+            return
+        self._checked = now
+        try:
+            records = [json.loads(self.store.get(k)) for k in self.store.list("health/")]
+        except (OSError, TimeoutError, ValueError):
+            return  # the driver cannot read the store now: no verdict on anyone
+        self.monitor.observe(records, now)
+        for stall in self.monitor.check(now):
+            self._named(stall)
+        if now - self._snapshot >= self.cfg.run.watchdog.snapshot_s:  # what `shipyard view` shows
+            self._snapshot = now
+            self._append({"kind": "snapshot", "at": time.time(), "components": records})
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / "health.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _named(self, stall: dict[str, Any]) -> None:
+        from shipyard.metrics.health import StallError
+        from shipyard.orchestrate.supervise import describe
+
+        component = str(stall["component"])
+        actor = self.actors.get(component)
+        if component.startswith("worker "):
+            if stall["reason"] != "silent":
+                return  # a stuck worker's own watchdog ends it (and Ray restarts it)
+            action = "restarting it"
+            self.ray.kill(actor, no_restart=False)  # Ray starts it again and retries its run
+        else:
+            action = "stopping the run"
+            self.stall = StallError(describe(stall))
+            if actor is not None:  # calls waiting on a frozen server fail now, not at their timeout
+                self.ray.kill(actor)
+        record = {**stall, "kind": "stall", "at": time.time(), "watcher": "driver", "action": action}
+        self.named.append(record)
+        self._append(record)
+        print(f"STALL ({stall['reason']}): {describe(stall)}; {action}", flush=True)

@@ -1,4 +1,4 @@
-"""One component of a run as its own process: `shipyard trainer` and `shipyard worker`.
+"""One component of a run as its own process: `shipyard trainer`, `shipyard worker`, `shipyard relay`.
 
 Contract: :func:`trainer_process` claims the run's store (:func:`shipyard.store.run.claim_run`:
 a new run, or the same run resumed from its last checkpoint) and trains until
@@ -13,47 +13,38 @@ train`` places the same components itself.
 
 Each process watches its own component (``run.watchdog``, :mod:`shipyard.metrics.health`): a
 stall is named with its phase and its threads' stacks (the trainer's in its run directory, a
-worker's in ``<run_dir>/workers/<id>/``), and the process exits at once with status 3, so its
-supervisor starts it again and it resumes (a stuck thread cannot be stopped from inside).
+worker's in ``<run_dir>/workers/<id>/``, a relay's in ``<run_dir>/relays/<region>/``), and the
+process exits at once with status 3, so its supervisor starts it again and it resumes (a stuck
+thread cannot be stopped from inside). Each also publishes its component's progress to the run's
+store every ``report_s`` (``health/<component>.json``), so that a process frozen whole, which
+cannot name itself, is named by whoever watches the store (``shipyard health``, the chaos
+suite's supervisor). A worker is watched from its start: while it waits for its server it is in
+phase ``connecting``.
 
 Limits: no placement, no evaluation, no progress table: each process logs what it does and exits.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
-from shipyard.metrics.health import Beat, Health, Watchdog, stall_message
+from shipyard.metrics.health import STALL_EXIT, Beat, watch
+from shipyard.store.types import Store
 
-STALL_EXIT = 3
-"""The exit status of a process whose component stalled (``shipyard train`` uses it too)."""
+__all__ = ["STALL_EXIT", "relay_process", "trainer_process", "watched", "worker_process"]
 
 
 @contextmanager
-def watched(cfg: ShipyardConfig, where: Path, component: str) -> Iterator[Beat]:
-    """The beat of this process's ``component``, watched while the block runs; a stall ends the
-    process with :data:`STALL_EXIT` after naming it (records and stacks under ``where``)."""
-    w = cfg.run.watchdog
-    health = Health(w.deadline_s, w.deadlines)
-    dog = Watchdog(health, where, _exit_stalled, w.check_s, w.snapshot_s)
-    if w.enabled:
-        dog.start()
-    try:
-        yield health.beat(component)
-    finally:
-        dog.stop()
-
-
-def _exit_stalled(record: dict[str, object]) -> None:
-    print(f"shipyard: stopped: {stall_message(record)}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(STALL_EXIT)  # the stalled thread cannot be stopped; the supervisor restarts the process
+def watched(cfg: ShipyardConfig, where: Path, component: str, store: Store) -> Iterator[Beat]:
+    """The beat of this process's ``component``, watched while the block runs and reported to the run's
+    ``store``; a stall ends the process with :data:`STALL_EXIT` after naming it (records and stacks
+    under ``where``)."""
+    with watch(cfg.run.watchdog, where, component, publish=store.put) as beat:
+        yield beat
 
 
 def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
@@ -64,7 +55,7 @@ def trainer_process(cfg: ShipyardConfig) -> dict[str, Any]:
 
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     store = claim_run(cfg.store, cfg.run.name, run_dir)
-    with trainer_gate(cfg, store) as gate, watched(cfg, run_dir, "trainer") as beat:
+    with trainer_gate(cfg, store) as gate, watched(cfg, run_dir, "trainer", store) as beat:
         return run_trainer(cfg, store, run_dir, gate=gate, beat=beat)
 
 
@@ -76,8 +67,23 @@ def worker_process(cfg: ShipyardConfig, worker_id: str, server_url: str) -> int:
 
     store = until_reachable(lambda: open_run(cfg.store, cfg.run.name), "the run", deadline_s=600)
     worker = build_worker(cfg, worker_id, server_url, store)
-    worker.spec.client.wait_ready(timeout_s=600)  # a server started beside it may still be loading
     where = Path(cfg.run.output_dir) / cfg.run.name / "workers" / worker_id
-    with watched(cfg, where, f"worker {worker_id}") as beat:
+    with watched(cfg, where, f"worker {worker_id}", store) as beat:
+        beat.enter("connecting")
+        worker.spec.client.wait_ready(timeout_s=600)  # a server started beside it may still be loading
         worker.beat = beat
         return worker.run()
+
+
+def relay_process(cfg: ShipyardConfig) -> None:
+    """Mirror the run ``run.name`` into ``relay.mirror`` until interrupted (``shipyard relay``), watched
+    as ``relay <region>``: phase ``sync``, a tick per look at the origin's head."""
+    from shipyard.store.retry import until_reachable
+    from shipyard.store.run import open_run
+    from shipyard.weights.relay import run_relay
+
+    store = until_reachable(lambda: open_run(cfg.store, cfg.run.name), "the run", deadline_s=600)
+    where = Path(cfg.run.output_dir) / cfg.run.name / "relays" / cfg.relay.region
+    with watched(cfg, where, f"relay {cfg.relay.region}", store) as beat:
+        beat.enter("sync")
+        run_relay(cfg, progress=beat.tick)

@@ -26,6 +26,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,13 +332,18 @@ class WeightRelay:
         return repaired
 
     def start(
-        self, poll_s: float = 0.5, feed_url: str | None = None, follower: FeedFollower | None = None
+        self,
+        poll_s: float = 0.5,
+        feed_url: str | None = None,
+        follower: FeedFollower | None = None,
+        progress: Callable[[], None] | None = None,
     ) -> WeightRelay:
         """Follow the origin in a background thread: LATEST's head is read every ``poll_s``
         (reads overlap when the round trip is longer, see :class:`HeadWatcher`), and a new
         version is mirrored as soon as one read shows it, or as soon as the origin's feed at
         ``feed_url`` pushes it. ``follower``: a follower the caller made instead (calling
-        :meth:`on_push`; the relay starts and stops it)."""
+        :meth:`on_push`; the relay starts and stops it). ``progress`` is called after every round
+        (a look at the head, and the sync it led to), for a watchdog."""
         self._watcher = HeadWatcher(self.origin, poll_s).start()
         if feed_url is not None and follower is None:
             follower = FeedFollower(feed_url, after=lambda: self.version, on_push=self.on_push)
@@ -357,6 +363,8 @@ class WeightRelay:
                     continue
                 if head is not None and not mirrored:  # a head we cannot reach (LATEST went back): no spin
                     self._stop.wait(poll_s)
+                if progress is not None:
+                    progress()
 
         self._thread = threading.Thread(target=run, name="weight-relay", daemon=True)
         self._thread.start()
@@ -413,9 +421,15 @@ def _relay_for(cfg: Any) -> tuple[WeightRelay, VersionFeed | None]:
     return relay, feed
 
 
-def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None = None) -> WeightRelay:
+def run_relay(
+    cfg: Any,
+    max_s: float | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[], None] | None = None,
+) -> WeightRelay:
     """``shipyard relay CONFIG``: mirror ``cfg.store`` (origin) into ``cfg.relay.mirror`` until
-    interrupted (or for ``max_s`` seconds, or until ``stop`` is set), printing each version as it lands."""
+    interrupted (or for ``max_s`` seconds, or until ``stop`` is set), printing each version as it lands;
+    ``progress`` as in :meth:`WeightRelay.start`."""
     from rich.console import Console
 
     console = Console()
@@ -431,7 +445,7 @@ def run_relay(cfg: Any, max_s: float | None = None, stop: threading.Event | None
             relay.sync_once()
         except (OSError, ValueError, LookupError) as e:
             console.print(f"[yellow]sync failed, retrying: {e}")
-        relay.start(r.poll_s, r.feed_url)
+        relay.start(r.poll_s, r.feed_url, progress=progress)
         while True:
             for rec in relay.log[shown:]:
                 console.print(

@@ -323,6 +323,8 @@ class EmbeddedEngine:
                 if self.packed is not None:
                     self.packed.refresh(written)
             self.version = version
+            if self.beat is not None:
+                self.beat.note(version=version)  # the server's record says what it serves
             self._epoch += 1
             if self.prefix is not None:
                 self.prefix.clear()

@@ -9,18 +9,24 @@ decode steps. When the store holds no run of that name yet (a fresh clone before
 ``shipyard train``), the embedded server serves the base model and says so, checks for the run
 every ``inference.poll_s`` without writing to the store, and follows it from the moment it
 exists; the vLLM backend needs the run first (an error names the command to run). Runs until
-interrupted.
+interrupted. The server is watched (``run.watchdog``): a decode step that does not come within
+the server's deadline is named with its threads' stacks under ``<run_dir>/servers/<port>/`` and the
+process exits with status 3 for its supervisor to restart; ``/health`` answers the server's
+progress (``health``: phase, ``seq``, age), which a supervisor outside feeds to a
+:class:`~shipyard.metrics.health.Monitor`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from shipyard.config.schema import ShipyardConfig
+from shipyard.metrics.health import watch
 
 if TYPE_CHECKING:
     from shipyard.inference.backends.embedded import EmbeddedNode
@@ -57,9 +63,17 @@ def serve(cfg: ShipyardConfig) -> None:
 
         assert isinstance(node, EmbeddedNode)  # the only backend started without a run
         threading.Thread(target=_follow_once_created, args=(cfg, node, stop), daemon=True).start()
+    port = node.url.rsplit(":", 1)[-1]
     try:
-        while True:
-            time.sleep(1.0)
+        with watch(
+            cfg.run.watchdog, Path(cfg.run.output_dir) / name / "servers" / port, f"server {port}"
+        ) as beat:
+            beat.enter("idle")  # until a decode step (vLLM's server reports none: it stays idle)
+            if engine is not None:
+                engine.beat = beat  # its decode steps; `/health` answers its progress
+                beat.note(version=engine.version)
+            while True:
+                time.sleep(1.0)
     except KeyboardInterrupt:
         pass
     finally:

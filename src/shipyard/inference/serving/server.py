@@ -246,7 +246,9 @@ def _add_info_routes(app: FastAPI, scheduler: BatchScheduler, name: str) -> None
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "version": engine.version}
+        beat = engine.beat  # watched (`shipyard serve`, a placement): its progress, for a monitor
+        watched = {"health": {**beat.record(), "pid": os.getpid()}} if beat else {}
+        return {"status": "ok", "version": engine.version, **watched}
 
     @app.get("/version")
     async def version() -> dict[str, int]:
