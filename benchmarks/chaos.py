@@ -75,6 +75,8 @@ class Component:
     def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.name, self.argv, self.log, self.env = name, argv, log, env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.grace_s = 30.0
+        """How long :meth:`stop` waits after SIGTERM (a Ray driver stops its actors and Ray first)."""
         self.exits: list[tuple[float, int]] = []
         """(monotonic time, status) of every exit the supervisor saw (3: the process named its own stall)."""
         self.pids: list[int] = []
@@ -117,13 +119,13 @@ class Component:
         self.proc.wait()
 
     def stop(self) -> None:
-        """SIGTERM (the component cleans up), then SIGKILL after 30 s."""
+        """SIGTERM (the component cleans up), then SIGKILL after :attr:`grace_s`."""
         if not self.alive():
             return
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(30)
+            self.proc.wait(self.grace_s)
         except subprocess.TimeoutExpired:
             self.kill()
 
@@ -360,6 +362,7 @@ class RayChaosRun(ChaosRun):
         )
         env = self.clocks["host"].env if self.clocks else None
         self.parts = {"driver": Component("driver", argv, logs / "driver.log", env)}
+        self.parts["driver"].grace_s = 300.0  # killed before `ray.shutdown`, its actors would outlive it
         self.watch.parts = self.parts
         self.parts["driver"].start()
         _until(lambda: _quiet(lambda: self.origin()) is not None, 180, "the driver claiming the run")

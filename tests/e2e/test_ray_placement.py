@@ -43,3 +43,45 @@ def test_actors_get_absolute_local_paths_and_s3_roots_unchanged() -> None:
         )
     )
     assert s3.store.root == "bucket/runs" and Path(s3.model.cache_dir).is_absolute()
+
+
+def test_the_driver_names_a_silent_trainer_but_not_an_earlier_drivers_record(tmp_path: Path) -> None:
+    """A rerun driver finds its previous actors' records in the store (frozen forever): it never names
+    those; a record of its own actor that stops changing is named silent and stops the run."""
+    import json
+
+    from tests.conftest import until
+
+    from shipyard.metrics.health import StallError, health_key
+    from shipyard.orchestrate.ray_placement import ActorWatch
+    from shipyard.store.run import stamp_new_run
+
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [f'store.root="{tmp_path / "store"}"', "run.watchdog.report_s=0.05", "run.watchdog.silent_s=0.5"],
+    )
+    store = stamp_new_run(LocalStore(tmp_path / "store"), cfg.run.name)
+
+    def report(pid: int, reports: int) -> None:
+        record = {
+            "component": "trainer",
+            "phase": "publish",
+            "seq": 3,
+            "reports": reports,
+            "pid": pid,
+            "deadline_s": 900.0,
+        }
+        store.put(health_key("trainer"), json.dumps(record).encode())
+
+    report(pid=111, reports=40)  # the previous driver's trainer, frozen when it stopped
+    watch = ActorWatch(cfg, tmp_path, ray=None)
+    watch.start()
+    try:
+        assert not until(lambda: watch.stall is not None, 1.5)  # three times silent_s: not named
+        report(pid=222, reports=1)  # this driver's trainer reports once, then freezes
+        assert until(lambda: watch.stall is not None, 10)
+    finally:
+        watch.stop()
+    assert isinstance(watch.stall, StallError) and "trainer (pid 222" in str(watch.stall)
+    [named] = watch.named
+    assert (named["pid"], named["reason"], named["action"]) == (222, "silent", "stopping the run")

@@ -24,6 +24,7 @@ serve on another address than its workers use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -299,14 +300,23 @@ class ActorWatch:
         """The actor of each watched component (servers and workers; the trainer's ranks are a group)."""
         self.stall: Exception | None = None
         self.named: list[dict[str, Any]] = []
-        self._checked = self._snapshot = 0.0
+        self._snapshot = 0.0
+        self._earlier: set[tuple[object, object]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shipyard-actor-watch", daemon=True)
 
     def start(self) -> None:
-        """Check in a thread of the driver's own, so a stall is named while the driver waits on a call."""
-        if self.cfg.run.watchdog.enabled and self._thread.ident is None:
-            self._thread.start()
+        """Check in a thread of the driver's own, so a stall is named while the driver waits on a call.
+        The records already in the store are of an earlier driver's actors (a rerun run): never named."""
+        from shipyard.metrics.health import published_records
+
+        if not self.cfg.run.watchdog.enabled or self._thread.ident is not None:
+            return
+        try:
+            self._earlier = {(r["component"], r.get("pid")) for r in published_records(self.store)}
+        except (OSError, TimeoutError, ValueError):
+            self._earlier = set()
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -318,20 +328,33 @@ class ActorWatch:
             self.check()
 
     def check(self) -> None:
+        from shipyard.metrics.health import published_records
+
         now = time.monotonic()
-        if not self.cfg.run.watchdog.enabled or now - self._checked < self.cfg.run.watchdog.report_s:
-            return
-        self._checked = now
         try:
-            records = [json.loads(self.store.get(k)) for k in self.store.list("health/")]
+            records = published_records(self.store)
         except (OSError, TimeoutError, ValueError):
             return  # the driver cannot read the store now: no verdict on anyone
         self.monitor.observe(records, now)
         for stall in self.monitor.check(now):
-            self._named(stall)
+            if (stall["component"], stall.get("pid")) not in self._earlier:
+                self._named(stall)
         if now - self._snapshot >= self.cfg.run.watchdog.snapshot_s:  # what `shipyard view` shows
             self._snapshot = now
             self._append({"kind": "snapshot", "at": time.time(), "components": records})
+
+    def _kill(self, stall: dict[str, Any]) -> None:
+        """Kill the frozen actor's process: SIGKILL when it runs on this host (a frozen process cannot
+        take Ray's kill request, which then waits for minutes), else through Ray."""
+        import signal
+        import socket
+
+        pid, actor = stall.get("pid"), self.actors.get(str(stall["component"]))
+        if stall.get("host") == socket.gethostname() and isinstance(pid, int):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        elif actor is not None:
+            self.ray.kill(actor, no_restart=str(stall["component"]).startswith("server "))
 
     def _append(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / "health.jsonl", "a") as f:
@@ -342,17 +365,15 @@ class ActorWatch:
         from shipyard.orchestrate.supervise import describe
 
         component = str(stall["component"])
-        actor = self.actors.get(component)
         if component.startswith("worker "):
             if stall["reason"] != "silent":
                 return  # a stuck worker's own watchdog ends it (and Ray restarts it)
-            action = "restarting it"
-            self.ray.kill(actor, no_restart=False)  # Ray starts it again and retries its run
+            action = "restarting it"  # Ray starts a worker that died again and retries its run
         else:
             action = "stopping the run"
             self.stall = StallError(describe(stall))
-            if actor is not None:  # calls waiting on a frozen server fail now, not at their timeout
-                self.ray.kill(actor)
+        if stall["reason"] == "silent":  # calls waiting on a frozen actor fail now, not at their timeout
+            self._kill(stall)
         record = {**stall, "kind": "stall", "at": time.time(), "watcher": "driver", "action": action}
         self.named.append(record)
         self._append(record)
