@@ -39,6 +39,7 @@ Usage::
     .venv/bin/python benchmarks/chaos.py            # 3 rounds of kills (21), 2 of stalls (12), ~35 min
     .venv/bin/python benchmarks/chaos.py --quick    # 1 round of kills (7), no stalls, ~3 min
     .venv/bin/python benchmarks/chaos.py --rounds 0 --stall-rounds 1   # the 6 stalls once, ~12 min
+    .venv/bin/python benchmarks/chaos.py --placement ray --stall-rounds 2  # stalls on Ray, ~25 min
 """
 
 from __future__ import annotations
@@ -632,6 +633,7 @@ def main() -> None:
     )
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: enough for the rounds)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, help="keep the run (logs, run dir) here instead of a temporary dir")
     p.add_argument(
         "--placement",
         choices=["process", "ray"],
@@ -646,7 +648,8 @@ def main() -> None:
     steps = args.steps or 60 * max(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         kinds = tuple(k for k in STALLS if not (ray and k == "partition"))
-        figures = run_chaos(Path(tmp), rounds, steps, args.seed, stall_rounds, kinds, args.placement)
+        work = args.work or Path(tmp)
+        figures = run_chaos(work, rounds, steps, args.seed, stall_rounds, kinds, args.placement)
     if rounds:
         table(
             "chaos: recovery after SIGKILL, per component kind",

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(to_toml(cfg))
         return 0
     if args.command == "train":
+        _stop_on_signals()  # SIGTERM from a supervisor: stop the placement (a Ray driver's actors) first
         _train(cfg)
     elif args.command == "eval":
         from shipyard.eval.command import run_eval
