@@ -283,9 +283,7 @@ class ChaosRun:
         if self.s3.proc is None or self.s3.proc.poll() is not None:
             self.s3.proc = None
             self.s3.start()
-        before = self.watch._last
-        self.watch.tick()
-        if self.watch._last != before:  # a monitor round (every second): note the trainer's progress
+        if self.watch.tick():  # a monitor round (every second): note the trainer's progress
             step = max_step(self)
             if step > self._seen_step:
                 self._seen_step = step

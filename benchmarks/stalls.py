@@ -89,11 +89,12 @@ class StallWatch:
     _last: float = 0.0
     _exits_seen: dict[str, int] = field(default_factory=dict)
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
+        """Supervise; whether this call was a monitor round (one each ``every_s``)."""
         now = time.monotonic()
         self._note_exits()
         if now - self._last < self.every_s:
-            return
+            return False
         self._last = now
         self.monitor.observe(self.records(), now=now)
         for stall in self.monitor.check(now=now):
@@ -107,6 +108,7 @@ class StallWatch:
                 flush=True,
             )
         self._restart_stalled(now)
+        return True
 
     def _note_exits(self) -> None:
         for kind, part in self.parts.items():

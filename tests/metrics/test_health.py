@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 from tests.conftest import until
@@ -123,16 +122,18 @@ def test_a_process_reports_its_components_to_the_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     failing = threading.Event()
     failing.set()
+    refused: list[str] = []
 
     def publish(key: str, data: bytes) -> None:
         if failing.is_set():
+            refused.append(key)
             raise OSError("No space left on device")
         store.put(key, data)
 
     settings = WatchdogConfig(report_s=0.05, silent_s=1.0, check_s=0.05)
     with watch(settings, tmp_path / "run", "worker w0", publish=publish) as beat:
         beat.enter("sessions")
-        time.sleep(0.2)
+        assert until(lambda: len(refused) >= 3, 10)  # three rounds refused, each retried
         assert store.list("health/") == []
         failing.clear()
         assert until(lambda: store.list("health/") == ["health/worker-w0.json"], 10)

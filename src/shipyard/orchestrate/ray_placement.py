@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
+from shipyard.metrics.health import published_records
 
 SERVER_START_S = 900
 """How long the inference actors may take to answer their first call (loading the model)."""
@@ -308,8 +309,6 @@ class ActorWatch:
     def start(self) -> None:
         """Check in a thread of the driver's own, so a stall is named while the driver waits on a call.
         The records already in the store are of an earlier driver's actors (a rerun run): never named."""
-        from shipyard.metrics.health import published_records
-
         if not self.cfg.run.watchdog.enabled or self._thread.ident is not None:
             return
         try:
@@ -328,8 +327,6 @@ class ActorWatch:
             self.check()
 
     def check(self) -> None:
-        from shipyard.metrics.health import published_records
-
         now = time.monotonic()
         try:
             records = published_records(self.store)
