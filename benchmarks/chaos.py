@@ -335,8 +335,9 @@ class RayChaosRun(ChaosRun):
     an inference server and a rollout worker as actors, each publishing its record to the store).
     The supervisor here restarts the driver when it exits (a stalled trainer or server ends it with
     status 3, and it resumes); the driver restarts a silent worker itself. The clock jumps for the
-    whole host (every actor inherits the driver's clock shift). No kills, no relay, no partition
-    (the worker reaches its server at the address the server actor gives, with no proxy between)."""
+    whole host (every actor inherits the driver's clock shift). No kills and no relay. For the
+    partition, the server actor listens on a port chosen here (``inference.port``) and the worker
+    reaches it through the fault proxy (``rollout.server_urls``)."""
 
     targets = ("worker", "server", "trainer")
     NAMES = {"worker": "worker w0", "server": "server 0", "trainer": "trainer"}
@@ -358,6 +359,11 @@ class RayChaosRun(ChaosRun):
             "inference.num_servers=1",
             "rollout.num_workers=1",
             "eval.heldout_n=2",
+            *(
+                [f"inference.port={self.port}", f'rollout.server_urls=["{self.server_path.url}"]']
+                if self.server_path
+                else []
+            ),
         )
         env = self.clocks["host"].env if self.clocks else None
         self.parts = {"driver": Component("driver", argv, logs / "driver.log", env)}
@@ -645,9 +651,8 @@ def main() -> None:
     stall_rounds = args.stall_rounds if args.stall_rounds is not None else (0 if args.quick else 2)
     steps = args.steps or 60 * max(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        kinds = tuple(k for k in STALLS if not (ray and k == "partition"))
         work = args.work or Path(tmp)
-        figures = run_chaos(work, rounds, steps, args.seed, stall_rounds, kinds, args.placement)
+        figures = run_chaos(work, rounds, steps, args.seed, stall_rounds, STALLS, args.placement)
     if rounds:
         table(
             "chaos: recovery after SIGKILL, per component kind",
@@ -672,7 +677,7 @@ def main() -> None:
     if ray:  # beside the process placement's figures
         path = args.out / f"chaos{'_quick' if args.quick else ''}.json"
         merged = json.loads(path.read_text()) if path.exists() else {}
-        merged["ray"] = {**figures, "not_run": {"partition": "no proxy fits between Ray actors"}}
+        merged["ray"] = figures
         tmp_path = path.with_suffix(".tmp")
         tmp_path.write_text(json.dumps(merged, indent=1) + "\n")
         tmp_path.replace(path)
@@ -709,8 +714,8 @@ def run_chaos(
     """Start the run, kill ``rounds`` x 7 times, then stall it ``stall_rounds`` x 6 times
     (:mod:`stalls`), let it finish (a run with stalls is stopped where it is: its length is not
     known in advance), stop it, audit it; the figures."""
-    if placement == "ray" and (rounds or "partition" in stall_kinds):
-        raise ValueError("--placement ray runs stalls only, without partition: --rounds 0 and no partition")
+    if placement == "ray" and rounds:
+        raise ValueError("--placement ray runs stalls only: --rounds 0")
     make = RayChaosRun if placement == "ray" else ChaosRun
     run = make(work, steps if not stall_rounds else 1_000_000, seed, faults=stall_rounds > 0)
     stall_log: list[dict[str, Any]] = []

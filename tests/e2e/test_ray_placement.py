@@ -85,3 +85,43 @@ def test_the_driver_names_a_silent_trainer_but_not_an_earlier_drivers_record(tmp
     assert isinstance(watch.stall, StallError) and "trainer (pid 222" in str(watch.stall)
     [named] = watch.named
     assert (named["pid"], named["reason"], named["action"]) == (222, "silent", "stopping the run")
+
+
+def test_servers_listen_where_configured_and_workers_reach_them_through_server_urls() -> None:
+    """`inference.port` fixes server i's port at port + i; `rollout.server_urls` (a gateway or a
+    proxy in front of the servers) replaces the servers' own addresses for the workers, in turn."""
+    from shipyard.orchestrate.components import server_port, worker_url
+
+    cfg = load_config(ROOT / "configs/tiny.toml", ["inference.port=8300"])
+    assert [server_port(cfg, i) for i in range(3)] == [8300, 8301, 8302]
+    assert server_port(load_config(ROOT / "configs/tiny.toml"), 2) == 0  # free ones
+    own = ["http://127.0.0.1:8300", "http://127.0.0.1:8301"]
+    assert [worker_url(cfg, i, own) for i in range(3)] == [own[0], own[1], own[0]]
+    routed = load_config(ROOT / "configs/tiny.toml", ['rollout.server_urls=["http://gw:9000"]'])
+    assert [worker_url(routed, i, own) for i in range(3)] == ["http://gw:9000"] * 3
+
+
+def test_a_ray_driver_keeps_its_sigterm_handler() -> None:
+    """`ray.init` installs a SIGTERM handler that ends the driver at once, so a `shipyard train`
+    stopped by its supervisor left its actors running; `init_ray` keeps the driver's own handler
+    (here, `shipyard train`'s: SIGTERM raises KeyboardInterrupt, and the placement stops)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import os, signal, time
+import ray
+from shipyard.config import load_config
+from shipyard.orchestrate.ray_placement import init_ray
+signal.signal(signal.SIGTERM, signal.default_int_handler)
+init_ray(load_config({str(ROOT / "configs/tiny.toml")!r}, ["run.placement=ray"]))
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+except KeyboardInterrupt:
+    print("stopped cleanly")
+finally:
+    ray.shutdown()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "stopped cleanly" in out.stdout, out.stdout + out.stderr[-2000:]

@@ -5,12 +5,16 @@ import threading
 from pathlib import Path
 from unittest import mock
 
+import pytest
+from tests.conftest import until
+
 from shipyard.agent.spec import session_spec
 from shipyard.config import load_config
 from shipyard.envs.types import Task
 from shipyard.inference.backends.embedded import EmbeddedNode
 from shipyard.inference.client import HttpInferenceClient
 from shipyard.metrics.logger import read_metrics
+from shipyard.models.loading import load_tokenizer
 from shipyard.orchestrate.components import assemble_worker
 from shipyard.rollout.types import PROGRESS_KEY, RolloutBatch, TrainerProgress
 from shipyard.rollout.worker import RolloutWorker
@@ -293,3 +297,45 @@ def test_the_worker_constructor_does_no_io(tmp_path: Path) -> None:
     assert worker.next_seq == 0 and worker.identity is identity and worker.tasks == [GOOD]
     with pytest.raises(AssertionError, match="store.list"):
         worker.run(max_batches=1)  # the first store call is run()'s resume point
+
+
+def test_a_worker_whose_server_does_not_answer_waits_in_a_phase_that_can_stall(tmp_path: Path) -> None:
+    """While its server cannot be reached (refused here, or accepting and never answering a version
+    query within VERSION_TIMEOUT_S) the worker retries in phase ``unreachable``, which is not idle, so
+    its watchdog can name it; once a server answers it goes back to the phase it was in. A stopping
+    worker gives up with the error."""
+    import socket
+
+    from shipyard.inference import client as client_module
+    from shipyard.metrics.health import IDLE_PHASES, Health
+
+    with socket.socket() as s:  # a port nothing listens on (yet)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(ROOT / "configs/tiny.toml", [f'store.root="{tmp_path}"'])
+    store = stamp_new_run(LocalStore(tmp_path), "tiny")
+    client = HttpInferenceClient(f"http://127.0.0.1:{port}")
+    spec = session_spec(cfg, client, load_tokenizer(cfg.model))
+    worker = assemble_worker(cfg, "w0", store, spec, [GOOD])
+    worker.beat = Health(40.0).beat("worker w0")
+    worker.beat.enter("waiting")
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(worker.server_version()))
+    t.start()
+    assert until(lambda: worker.beat.phase == "unreachable", 30)
+    assert "unreachable" not in IDLE_PHASES
+    node = EmbeddedNode(cfg, store, port=port)
+    try:
+        t.join(timeout=30)
+        assert got == [0] and worker.beat.phase == "waiting"
+        silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+        with mock.patch.object(client_module, "VERSION_TIMEOUT_S", 0.5):
+            mute = HttpInferenceClient(f"http://127.0.0.1:{silent.getsockname()[1]}")
+            with pytest.raises(ConnectionError, match=f"127.0.0.1:{silent.getsockname()[1]}"):
+                mute.version()
+        silent.close()
+    finally:
+        node.stop()
+    worker.stop_event.set()  # stopping, the worker gives up at once
+    with pytest.raises(ConnectionError):
+        worker.server_version()

@@ -146,7 +146,8 @@ class InferenceConfig(_Section):
     host: str = "127.0.0.1"
     """Address `shipyard serve` and the train run's servers bind to."""
     port: int = Field(0, ge=0, le=65535)
-    """Port for `shipyard serve`; 0 picks a free one."""
+    """Port for `shipyard serve`, and of the first of a train run's servers (server i on `port + i`);
+    0 picks free ones."""
     served_model_name: str = ""
     """The model id the OpenAI-compatible server answers to (empty: the last part of the model's path)."""
     max_n: int = Field(8, ge=1)
@@ -443,10 +444,25 @@ class RolloutConfig(_Section):
     """Sessions per task (the GRPO group)."""
     concurrency: int = Field(8, ge=1)
     """Sessions a worker runs at once (their turns batch together on the server)."""
+    server_urls: list[str] = []
+    """Where the run's rollout workers reach its inference servers, worker i at entry
+    i % len(server_urls), instead of the address each server gives (a gateway, a tunnel or a proxy
+    in front of the servers; with `inference.port` set, server i listens on `port + i`). Empty: the
+    servers' own addresses."""
     streaming: bool = False
     """Start groups as session slots free up and write batches of the groups that finished first
     (a long session holds back only its own group); off: a worker plays a batch's groups together
     and starts the next batch when the last session ends."""
+
+    @field_validator("server_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(
+                    f"rollout.server_urls: {url!r} is not an http(s) URL such as http://10.0.0.5:8100"
+                )
+        return urls
 
 
 class LossConfig(_Section):

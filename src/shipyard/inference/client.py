@@ -6,7 +6,8 @@ Contract:
   ``version`` is ``GET /version``, ``wait_ready`` polls ``GET /health``. One pooled ``httpx``
   client is shared, so an instance may be used from several threads at once. Server-side
   rejections (HTTP 400) raise ValueError with the server's reason; other failures raise
-  ``httpx.HTTPError`` subclasses.
+  ``httpx.HTTPError`` subclasses, except ``version``'s: a server that does not answer it within
+  :data:`VERSION_TIMEOUT_S` (cut off, frozen, gone) raises ``ConnectionError`` naming it.
 - :class:`LocalInferenceClient` gives the same interface over an in-process
   :class:`EmbeddedEngine`, through the same :class:`BatchScheduler` the server uses, so calls from
   several threads are batched together exactly as over HTTP.
@@ -34,7 +35,7 @@ import httpx
 
 from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.engine.scheduler import BatchScheduler
-from shipyard.inference.types import GenerateRequest, GenerateResult, Priority
+from shipyard.inference.types import VERSION_TIMEOUT_S, GenerateRequest, GenerateResult, Priority
 
 
 class HttpInferenceClient:
@@ -80,7 +81,10 @@ class HttpInferenceClient:
         return results
 
     def version(self) -> int:
-        resp = self._http.get("/version")
+        try:
+            resp = self._http.get("/version", timeout=VERSION_TIMEOUT_S)
+        except httpx.TransportError as e:
+            raise ConnectionError(f"inference server {self.url} did not answer /version: {e!r}") from e
         _raise_for(resp)
         return int(resp.json()["version"])
 

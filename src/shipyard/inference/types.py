@@ -105,6 +105,10 @@ class GenerateResult:
         return GenerateResult(**d)
 
 
+VERSION_TIMEOUT_S = 10.0
+"""How long a version query (a few bytes) may take before the server counts as unreachable."""
+
+
 class InferenceClient(Protocol):
     """What rollout workers and evaluators need from an inference server."""
 
@@ -112,7 +116,8 @@ class InferenceClient(Protocol):
         """Sample a continuation for every request (batched by the server)."""
 
     def version(self) -> int:
-        """The weight version the server serves now."""
+        """The weight version the server serves now; ``ConnectionError`` naming the server when it
+        does not answer within :data:`VERSION_TIMEOUT_S`."""
 
     def stats(self) -> dict[str, Any]:
         """The server's counters; an embedded server's ``adoptions`` lists the versions it went live

@@ -5,7 +5,8 @@ tasks, environment, harness and the run's identity are read here, so the worker'
 no I/O; :func:`assemble_worker` is the part after the client and session spec) whether it
 runs as a thread of one process (``run.placement = "local"``) or inside a Ray actor (``"ray"``), so
 placement changes where things run, never what runs. :func:`trainer_gate` gives the trainer its
-:class:`~shipyard.fleet.verify.RolloutVerifier` when ``fleet.verify.enabled``. The other components
+:class:`~shipyard.fleet.verify.RolloutVerifier` when ``fleet.verify.enabled``; :func:`server_port` and
+:func:`worker_url` say where a run's servers listen and where its workers reach them. The other components
 are built by their own packages: :func:`shipyard.inference.backends.base.start_node`, :func:`shipyard.agent.spec.session_spec`,
 :func:`shipyard.envs.tasks.splits.task_splits`.
 """
@@ -35,6 +36,18 @@ def with_judge_server(cfg: ShipyardConfig, url: str) -> ShipyardConfig:
     if judge is cfg.rewards.judge:
         return cfg
     return cfg.model_copy(update={"rewards": cfg.rewards.model_copy(update={"judge": judge})})
+
+
+def server_port(cfg: ShipyardConfig, index: int) -> int:
+    """The port the run's server ``index`` listens on: ``inference.port + index``, or 0 (a free one)."""
+    return cfg.inference.port + index if cfg.inference.port else 0
+
+
+def worker_url(cfg: ShipyardConfig, index: int, server_urls: list[str]) -> str:
+    """Where worker ``index`` reaches its server: ``rollout.server_urls`` when given (a gateway or a
+    proxy in front of the servers), else the servers' own addresses, in turn."""
+    urls = cfg.rollout.server_urls or server_urls
+    return urls[index % len(urls)]
 
 
 def build_worker(cfg: ShipyardConfig, worker_id: str, url: str, store: Store) -> RolloutWorker:

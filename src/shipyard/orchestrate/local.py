@@ -18,7 +18,7 @@ from typing import Any
 from shipyard.config.schema import ShipyardConfig
 from shipyard.inference.backends.base import InferenceNode, start_node
 from shipyard.metrics.health import Health, StallError, Watchdog, stall_message
-from shipyard.orchestrate.components import build_worker, trainer_gate
+from shipyard.orchestrate.components import build_worker, server_port, trainer_gate, worker_url
 from shipyard.rollout.worker import RolloutWorker
 from shipyard.store.run import open_run
 from shipyard.trainer.loop import run_trainer
@@ -41,7 +41,8 @@ class LocalPlacement:
         self._stall: StallError | None = None
 
     def start_inference(self) -> list[str]:
-        self.nodes = [start_node(self.cfg, self.store) for _ in range(self.cfg.inference.num_servers)]
+        n = self.cfg.inference.num_servers
+        self.nodes = [start_node(self.cfg, self.store, port=server_port(self.cfg, i)) for i in range(n)]
         for i, node in enumerate(self.nodes):
             engine = getattr(node, "engine", None)  # the embedded engine reports its steps
             if engine is not None:
@@ -52,7 +53,7 @@ class LocalPlacement:
     def start_training(self) -> None:
         urls = [n.url for n in self.nodes]
         for i in range(self.cfg.rollout.num_workers):
-            worker = build_worker(self.cfg, f"w{i}", urls[i % len(urls)], self.store)
+            worker = build_worker(self.cfg, f"w{i}", worker_url(self.cfg, i, urls), self.store)
             worker.beat = self.health.beat(f"worker w{i}")
             t = threading.Thread(target=worker.run, name=f"rollout-w{i}", daemon=True)
             self.workers.append(worker)

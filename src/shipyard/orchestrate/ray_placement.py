@@ -16,7 +16,9 @@ publishes its record to the run's store every ``report_s``. The driver reads tho
 (``silent``), in ``<run_dir>/health.jsonl`` and on the console; a stalled server is killed at
 once, so that no call of the driver's waits on it until its timeout. Rollout workers are
 restarted: Ray restarts a worker actor that died (``max_restarts``) and retries its ``run``, which
-resumes after its last written batch, and the driver kills a silent one for Ray to restart. A
+resumes after its last written batch, and the driver kills a silent one for Ray to restart; a run
+that raised (its server went away under it) is recorded and started again on the same actor. A
+stopping placement asks each worker to stop and waits for its run to close its sandboxes. A
 stalled trainer or server ends the run with a :class:`~shipyard.metrics.health.StallError`
 naming it (``shipyard train`` exits 3; rerun, it resumes), as a server restarted elsewhere would
 serve on another address than its workers use.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -37,6 +40,8 @@ from shipyard.metrics.health import published_records
 
 SERVER_START_S = 900
 """How long the inference actors may take to answer their first call (loading the model)."""
+WORKER_STOP_S = 60
+"""How long stopping workers may take to return from their runs (a session in flight ends first)."""
 
 
 def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> Any:
@@ -49,13 +54,15 @@ def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> A
 class _InferenceActor:
     def __init__(self, cfg: ShipyardConfig, index: int, run_dir: str) -> None:
         from shipyard.inference.backends.base import start_node
+        from shipyard.orchestrate.components import server_port
         from shipyard.store.run import open_run
 
         store = open_run(cfg.store, cfg.run.name)
-        self.node = start_node(cfg, store)
+        self.node = start_node(cfg, store, port=server_port(cfg, index))
         self.watched = _watched(cfg, run_dir, f"server {index}", store)
         beat = self.watched.start()
         beat.enter("idle")  # until its first decode step (a vLLM node reports none)
+        beat.note(url=self.node.url)
         if (engine := getattr(self.node, "engine", None)) is not None:
             engine.beat = beat
             beat.note(version=engine.version)
@@ -81,11 +88,18 @@ class _RolloutActor:
         self.watched = _watched(cfg, run_dir, f"worker {worker_id}", store)
 
     def run(self) -> int:
-        self.worker.beat = self.watched.start()
+        beat = self.watched.start()
         try:
+            beat.enter("connecting")  # (idle) a restarted worker may find its server unreachable
+            self.worker.spec.client.wait_ready(timeout_s=600)
+            self.worker.beat = beat
             return self.worker.run()
         finally:
             self.watched.stop()
+
+    def stop(self) -> None:
+        """Ask the running ``run`` to return (it closes its sandboxes and environment first)."""
+        self.worker.stop_event.set()
 
     def pid(self) -> int:
         return os.getpid()
@@ -165,11 +179,23 @@ def for_actors(cfg: ShipyardConfig) -> ShipyardConfig:
 
 
 def init_ray(cfg: ShipyardConfig) -> None:
-    """Join ``run.ray_address``, or start a local Ray sized so every actor of ``cfg`` fits here."""
+    """Join ``run.ray_address``, or start a local Ray sized so every actor of ``cfg`` fits here.
+    The process's SIGTERM handler is kept: ``ray.init`` installs one of its own that ends the
+    driver at once, before it can stop its actors (which then outlive it)."""
     import ray
 
     if ray.is_initialized():
         return
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        _init_ray(ray, cfg)
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _init_ray(ray: Any, cfg: ShipyardConfig) -> None:
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
     if cfg.run.ray_address:
         ray.init(
@@ -241,12 +267,16 @@ class RayPlacement:
         return self.urls
 
     def start_training(self) -> None:
+        from shipyard.orchestrate.components import worker_url
+
         urls = self.urls  # (asking a server again could wait on one that froze since)
         # a worker that died (its watchdog ends a stalled one) is restarted and its run retried: it
         # resumes after its last written batch
-        worker_cls = self.ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RolloutActor)
+        worker_cls = self.ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=2)(
+            _RolloutActor
+        )  # (two calls at once: `stop` reaches a worker inside `run`)
         for i in range(self.cfg.rollout.num_workers):
-            w = worker_cls.remote(self.cfg, f"w{i}", urls[i % len(urls)], str(self.run_dir))
+            w = worker_cls.remote(self.cfg, f"w{i}", worker_url(self.cfg, i, urls), str(self.run_dir))
             self.workers.append(w)
             self.watch.actors[f"worker w{i}"] = w
             self._runs.append(w.run.remote())
@@ -255,8 +285,26 @@ class RayPlacement:
     def trainer_done(self) -> bool:
         if self.watch.stall is not None:
             return True
+        self.rerun_failed_workers()
         ready, _ = self.ray.wait(self._trainer_refs, timeout=0)  # any rank ending ends the group
         return bool(ready)
+
+    def rerun_failed_workers(self) -> None:
+        """A worker's run that raised (a server that went away under it, a store error it does not
+        retry) is printed, recorded in ``health.jsonl`` and started again on the same actor; it
+        resumes after its last batch. (A worker whose process died is restarted by Ray itself.)"""
+        for i, ref in enumerate(self._runs):
+            if not self.ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                self.ray.get(ref)
+                continue  # ended on its own: the run is finished
+            except self.ray.exceptions.RayError as e:
+                error = str(e).strip().splitlines()[-1][:300]
+            record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
+            self.watch.append({**record, "action": "running it again"})
+            print(f"worker w{i} failed ({error}); running it again", flush=True)
+            self._runs[i] = self.workers[i].run.remote()
 
     def trainer_result(self) -> dict[str, Any]:
         """Rank 0's summary, with the node of every rank; a failed rank's error is raised, and a
@@ -267,6 +315,12 @@ class RayPlacement:
         return {**results[0], "nodes": [r["node"] for r in results]}
 
     def stop_workers(self) -> None:
+        """Ask every worker to stop and give their runs ``WORKER_STOP_S`` to return (so each closes
+        its sandboxes), then kill the actors either way."""
+        for w in self.workers:
+            w.stop.remote()
+        if self._runs:
+            self.ray.wait(self._runs, num_returns=len(self._runs), timeout=WORKER_STOP_S)
         for w in self.workers:
             self.ray.kill(w)
         self.workers, self._runs = [], []
@@ -338,12 +392,11 @@ class ActorWatch:
                 self._named(stall)
         if now - self._snapshot >= self.cfg.run.watchdog.snapshot_s:  # what `shipyard view` shows
             self._snapshot = now
-            self._append({"kind": "snapshot", "at": time.time(), "components": records})
+            self.append({"kind": "snapshot", "at": time.time(), "components": records})
 
     def _kill(self, stall: dict[str, Any]) -> None:
         """Kill the frozen actor's process: SIGKILL when it runs on this host (a frozen process cannot
         take Ray's kill request, which then waits for minutes), else through Ray."""
-        import signal
         import socket
 
         pid, actor = stall.get("pid"), self.actors.get(str(stall["component"]))
@@ -353,7 +406,7 @@ class ActorWatch:
         elif actor is not None:
             self.ray.kill(actor, no_restart=str(stall["component"]).startswith("server "))
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def append(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / "health.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -373,5 +426,5 @@ class ActorWatch:
             self._kill(stall)
         record = {**stall, "kind": "stall", "at": time.time(), "watcher": "driver", "action": action}
         self.named.append(record)
-        self._append(record)
+        self.append(record)
         print(f"STALL ({stall['reason']}): {describe(stall)}; {action}", flush=True)

@@ -162,10 +162,31 @@ class RolloutWorker:
         outstanding = started + groups - p.consumed.get(self.worker_id, 0)
         return outstanding <= (self.lag + 1) * self.share and version >= p.version - self.lag
 
+    def server_version(self) -> int:
+        """The server's version. While the server does not answer (cut off, frozen, restarting)
+        the worker retries every second in phase ``unreachable``, which is not idle: past the
+        worker's deadline its watchdog names it stuck. Raises only once the worker is stopping."""
+        before, told = None if self.beat is None else self.beat.phase, False
+        while True:
+            try:
+                version = self.spec.client.version()
+            except (ConnectionError, TimeoutError) as e:
+                if self.should_stop():
+                    raise
+                if not told:
+                    print(f"worker {self.worker_id}: {e}; retrying every second", flush=True)
+                    told = True
+                self._phase("unreachable")
+                time.sleep(1.0)
+                continue
+            if told and before is not None:
+                self._phase(before)
+            return version
+
     def wait_for_gate(self, started: int, groups: int) -> bool:
         """Block until :meth:`may_start`; False if asked to stop meanwhile."""
         self._phase("waiting")
-        while not self.may_start(started, groups, self.spec.client.version()):
+        while not self.may_start(started, groups, self.server_version()):
             if self.should_stop():
                 return False
             time.sleep(0.1)
@@ -262,7 +283,7 @@ class RolloutWorker:
 
     def play_batch(self, pool: ThreadPoolExecutor, seq: int) -> RolloutBatch:
         rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/{seq}")
-        version = self.spec.client.version()
+        version = self.server_version()
         t0 = time.time()
         jobs = [
             j
@@ -281,7 +302,7 @@ class RolloutWorker:
         running: dict[str, tuple[list[Future[list[Trajectory]]], int, float]] = {}
         done: list[tuple[list[Trajectory], int, float]] = []
         while not self.should_stop() and (max_batches is None or written < max_batches):
-            version = self.spec.client.version()  # one request per pass, not two per group
+            version = self.server_version()  # one request per pass, not two per group
             while (len(running) + 1) * size <= slots and self.may_start(started, 1, version):
                 rng = random.Random(f"{self.cfg.run.seed}/{self.worker_id}/g{started}")
                 gid = f"{self.worker_id}/g{started:08d}"

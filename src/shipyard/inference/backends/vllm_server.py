@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from shipyard.inference.types import GenerateRequest, GenerateResult
+from shipyard.inference.types import VERSION_TIMEOUT_S, GenerateRequest, GenerateResult
 
 WORKER_EXTENSION = "shipyard.inference.backends.vllm_worker.ShipyardWorkerExtension"
 """Shipyard's weight adoption inside vLLM's worker (:mod:`shipyard.inference.backends.vllm_worker`)."""
@@ -224,7 +224,10 @@ class VllmClient:
 
     def version(self) -> int:
         """The weight version the server labels new tokens with (``/weight_info``; 0 before any)."""
-        resp = self._http.get("/weight_info")
+        try:
+            resp = self._http.get("/weight_info", timeout=VERSION_TIMEOUT_S)
+        except httpx.TransportError as e:
+            raise ConnectionError(f"vLLM at {self.url} did not answer /weight_info: {e!r}") from e
         resp.raise_for_status()
         return label_version(resp.json()["weight_version"])
 
