@@ -164,7 +164,11 @@ class ChaosRun:
         self.work, self.steps = work, steps
         self.rng = random.Random(seed)
         self.s3_disk = TmpfsHolder(work / "s3", 4096) if faults else None
-        self.s3 = SeaweedServer(work / "s3", prefix=self.s3_disk.prefix if self.s3_disk else None)
+        self.s3 = SeaweedServer(  # (the volumes' index on the host's disk: stalls.py, full_disk)
+            work / "s3",
+            prefix=self.s3_disk.prefix if self.s3_disk else None,
+            index_dir=work / "s3-index" if faults else None,
+        )
         self.port = _free_port()
         self.store_path = FaultProxy(self.s3.ports["s3.port"]) if faults else None
         self.server_path = FaultProxy(self.port) if faults else None

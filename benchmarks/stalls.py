@@ -13,7 +13,10 @@ reports and none is stalled:
 - ``slow_store``: every call to the S3 store is answered 2 s late for :data:`FAULT_S` s;
 - ``full_disk``: the S3 server's disk (a tmpfs of its own) is filled for :data:`FAULT_S` s, then
   freed; a store that still refuses writes 30 s later is restarted on its data (SeaweedFS does not
-  take writes again after ENOSPC without a restart: ``store_restarted`` says when that was needed);
+  take writes again after ENOSPC without a restart: ``store_restarted`` says when that was needed).
+  The volumes' index files live on the host's disk (``-volume.dir.idx``): filled to ENOSPC with the
+  data, SeaweedFS once tore a volume's ``.idx`` and refused that volume after its restart, losing
+  objects, a failure of the test store that no client can recover from;
 - ``clock_jump``: one component's wall clock steps an hour (forward, then back on its next turn)
   and stays there.
 

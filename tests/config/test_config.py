@@ -64,6 +64,7 @@ def test_dry_run_output_round_trips(tmp_path: Path, name: str) -> None:
         ("online.gate.suites=[{kind='regression'}]", "needs path"),
         ("eval.samples_per_task=0", "eval.samples_per_task"),
         ('rollout.server_urls=["10.0.0.5:8100"]', "is not an http(s) URL"),
+        ("inference={port=65535, num_servers=2}", "choose a port at most 65534"),
     ],
 )
 def test_online_and_eval_fields_are_validated(override: str, needle: str) -> None:

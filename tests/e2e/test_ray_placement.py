@@ -125,3 +125,63 @@ finally:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "stopped cleanly" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_the_run(
+    tmp_path: Path,
+) -> None:
+    """The driver's `rerun_failed_workers`, on a real local Ray: a run that raised is recorded in
+    `health.jsonl` and started again on the same actor after its backoff (the second run returns);
+    a run that fails `MAX_RUN_FAILURES` times in the window ends the run naming the worker."""
+    import json
+    import time
+
+    import pytest
+    import ray
+
+    from shipyard.orchestrate import ray_placement
+    from shipyard.orchestrate.ray_placement import RayPlacement
+
+    class Flaky:  # a worker actor's `run`: fails `fails` times (counted in a file), then returns 7
+        def __init__(self, marker: str, fails: int) -> None:
+            self.marker, self.fails = Path(marker), fails
+
+        def run(self) -> int:
+            n = int(self.marker.read_text()) if self.marker.exists() else 0
+            self.marker.write_text(str(n + 1))
+            if n < self.fails:
+                raise ConnectionError(f"server unreachable (run {n + 1})")
+            return 7
+
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
+    )
+    from shipyard.store.run import claim_run
+
+    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
+    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
+    try:
+        actor = ray.remote(num_cpus=0)(Flaky)
+        placement.workers = [
+            actor.remote(str(tmp_path / "once"), 1),
+            actor.remote(str(tmp_path / "always"), 99),
+        ]
+        placement._runs = [w.run.remote() for w in placement.workers]
+        with pytest.raises(RuntimeError, match=r"worker w1's run failed 5 times within 600 s; last: .*run 5"):
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                placement.rerun_failed_workers()
+                time.sleep(0.2)
+        assert placement._ended == {0} and ray.get(placement._runs[0]) == 7
+        assert (tmp_path / "once").read_text() == "2" and (tmp_path / "always").read_text() == "5"
+        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        crashes = [(h["component"], h["action"]) for h in health if h["kind"] == "crash"]
+        assert crashes.count(("worker w0", "running it again in 1 s")) == 1
+        assert [a for c, a in crashes if c == "worker w1"] == [
+            f"running it again in {s} s" for s in (1, 2, 4, 8)
+        ]
+        assert ray_placement.MAX_RUN_FAILURES == 5
+    finally:
+        placement.workers, placement._runs = [], []
+        placement.stop()

@@ -191,6 +191,15 @@ class InferenceConfig(_Section):
     scavenge: ScavengeConfig = ScavengeConfig()
     """Production first, RL rollouts in the idle capacity (embedded engine)."""
 
+    @model_validator(mode="after")
+    def _ports_fit(self) -> InferenceConfig:
+        if self.port and self.port + self.num_servers - 1 > 65535:
+            raise ValueError(
+                f"inference.port={self.port} with inference.num_servers={self.num_servers}: server i listens "
+                f"on port + i, past 65535; choose a port at most {65536 - self.num_servers}"
+            )
+        return self
+
 
 class SummaryConfig(_Section):
     """How a session summarizes itself when its context reaches `agent.summarize_at_tokens` (or

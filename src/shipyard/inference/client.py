@@ -7,7 +7,8 @@ Contract:
   client is shared, so an instance may be used from several threads at once. Server-side
   rejections (HTTP 400) raise ValueError with the server's reason; other failures raise
   ``httpx.HTTPError`` subclasses, except ``version``'s: a server that does not answer it within
-  :data:`VERSION_TIMEOUT_S` (cut off, frozen, gone) raises ``ConnectionError`` naming it.
+  :data:`VERSION_TIMEOUT_S` (cut off, frozen, gone), or a gateway answering 502/503/504 for it,
+  raises ``ConnectionError`` naming it.
 - :class:`LocalInferenceClient` gives the same interface over an in-process
   :class:`EmbeddedEngine`, through the same :class:`BatchScheduler` the server uses, so calls from
   several threads are batched together exactly as over HTTP.
@@ -35,7 +36,7 @@ import httpx
 
 from shipyard.inference.engine.engine import EmbeddedEngine
 from shipyard.inference.engine.scheduler import BatchScheduler
-from shipyard.inference.types import VERSION_TIMEOUT_S, GenerateRequest, GenerateResult, Priority
+from shipyard.inference.types import UNAVAILABLE, VERSION_TIMEOUT_S, GenerateRequest, GenerateResult, Priority
 
 
 class HttpInferenceClient:
@@ -81,10 +82,12 @@ class HttpInferenceClient:
         return results
 
     def version(self) -> int:
-        try:
-            resp = self._http.get("/version", timeout=VERSION_TIMEOUT_S)
+        try:  # (the wait for a pooled connection keeps the client's own timeout)
+            resp = self._http.get("/version", timeout=httpx.Timeout(VERSION_TIMEOUT_S, pool=self.timeout_s))
         except httpx.TransportError as e:
             raise ConnectionError(f"inference server {self.url} did not answer /version: {e!r}") from e
+        if resp.status_code in UNAVAILABLE:  # a gateway in front of a server that is down
+            raise ConnectionError(f"inference server {self.url} answered /version with {resp.status_code}")
         _raise_for(resp)
         return int(resp.json()["version"])
 

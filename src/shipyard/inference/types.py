@@ -107,6 +107,8 @@ class GenerateResult:
 
 VERSION_TIMEOUT_S = 10.0
 """How long a version query (a few bytes) may take before the server counts as unreachable."""
+UNAVAILABLE = frozenset({502, 503, 504})
+"""HTTP statuses of a version query that mean the server behind a gateway cannot be reached."""
 
 
 class InferenceClient(Protocol):

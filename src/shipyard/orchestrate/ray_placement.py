@@ -42,6 +42,9 @@ SERVER_START_S = 900
 """How long the inference actors may take to answer their first call (loading the model)."""
 WORKER_STOP_S = 60
 """How long stopping workers may take to return from their runs (a session in flight ends first)."""
+MAX_RUN_FAILURES = 5
+RUN_FAILURE_WINDOW_S = 600
+"""A worker whose run fails ``MAX_RUN_FAILURES`` times within this many seconds ends the run."""
 
 
 def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> Any:
@@ -83,19 +86,20 @@ class _RolloutActor:
         from shipyard.orchestrate.components import build_worker
         from shipyard.store.run import open_run
 
-        store = open_run(cfg.store, cfg.run.name)
-        self.worker = build_worker(cfg, worker_id, url, store)
-        self.watched = _watched(cfg, run_dir, f"worker {worker_id}", store)
+        self.store = open_run(cfg.store, cfg.run.name)
+        self.worker = build_worker(cfg, worker_id, url, self.store)
+        self.cfg, self.run_dir, self.worker_id = cfg, run_dir, worker_id
 
     def run(self) -> int:
-        beat = self.watched.start()
+        watched = _watched(self.cfg, self.run_dir, f"worker {self.worker_id}", self.store)  # one per run
+        beat = watched.start()
         try:
             beat.enter("connecting")  # (idle) a restarted worker may find its server unreachable
             self.worker.spec.client.wait_ready(timeout_s=600)
             self.worker.beat = beat
             return self.worker.run()
         finally:
-            self.watched.stop()
+            watched.stop()
 
     def stop(self) -> None:
         """Ask the running ``run`` to return (it closes its sandboxes and environment first)."""
@@ -251,6 +255,11 @@ class RayPlacement:
         self.servers: list[Any] = []
         self.workers: list[Any] = []
         self._runs: list[Any] = []
+        self._failures: dict[int, list[float]] = {}
+        """Per worker, when its runs failed (monotonic seconds)."""
+        self._rerun_at: dict[int, float] = {}
+        """Workers whose failed run waits to be started again, and when."""
+        self._ended: set[int] = set()
         self._trainer_refs: list[Any] = []
         self.watch = ActorWatch(self.cfg, self.run_dir, ray)
         self.urls: list[str] = []
@@ -290,21 +299,37 @@ class RayPlacement:
         return bool(ready)
 
     def rerun_failed_workers(self) -> None:
-        """A worker's run that raised (a server that went away under it, a store error it does not
-        retry) is printed, recorded in ``health.jsonl`` and started again on the same actor; it
-        resumes after its last batch. (A worker whose process died is restarted by Ray itself.)"""
+        """A worker's run that raised (a server that stayed unreachable past ``wait_ready``, a store
+        error it does not retry) is printed, recorded in ``health.jsonl`` and started again on the
+        same actor after a backoff (1 s, doubling to 60 s); it resumes after its last batch. A worker
+        whose run failed :data:`MAX_RUN_FAILURES` times within :data:`RUN_FAILURE_WINDOW_S` ends the
+        run with the last error. (A worker whose process died is restarted by Ray itself.)"""
+        now = time.monotonic()
         for i, ref in enumerate(self._runs):
-            if not self.ray.wait([ref], timeout=0)[0]:
+            if i in self._rerun_at:
+                if now >= self._rerun_at[i]:
+                    del self._rerun_at[i]
+                    self._runs[i] = self.workers[i].run.remote()
+                continue
+            if i in self._ended or not self.ray.wait([ref], timeout=0)[0]:
                 continue
             try:
-                self.ray.get(ref)
-                continue  # ended on its own: the run is finished
+                self.ray.get(ref, timeout=10)  # (ready: its result is there)
+                self._ended.add(i)  # returned on its own: the run is finished
+                continue
             except self.ray.exceptions.RayError as e:
-                error = str(e).strip().splitlines()[-1][:300]
+                error = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+            failed = [t for t in self._failures.get(i, []) if now - t < RUN_FAILURE_WINDOW_S] + [now]
+            self._failures[i] = failed
+            if len(failed) >= MAX_RUN_FAILURES:
+                raise RuntimeError(
+                    f"worker w{i}'s run failed {len(failed)} times within {RUN_FAILURE_WINDOW_S} s; last: {error}"
+                )
+            backoff = min(60.0, 2.0 ** (len(failed) - 1))
             record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
-            self.watch.append({**record, "action": "running it again"})
-            print(f"worker w{i} failed ({error}); running it again", flush=True)
-            self._runs[i] = self.workers[i].run.remote()
+            self.watch.append({**record, "action": f"running it again in {backoff:.0f} s"})
+            print(f"worker w{i} failed ({error}); running it again in {backoff:.0f} s", flush=True)
+            self._rerun_at[i] = now + backoff
 
     def trainer_result(self) -> dict[str, Any]:
         """Rank 0's summary, with the node of every rank; a failed rank's error is raised, and a

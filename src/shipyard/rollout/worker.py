@@ -63,6 +63,10 @@ from shipyard.store.types import Store
 from shipyard.weights.versions import read_manifest
 
 
+class WorkerStopping(Exception):
+    """Raised inside a run whose worker was asked to stop while its server could not be reached."""
+
+
 class RolloutWorker:
     """One rollout worker; :func:`shipyard.orchestrate.components.build_worker` assembles it (its
     constructor does no I/O: the store is first read when :meth:`run` starts)."""
@@ -165,14 +169,15 @@ class RolloutWorker:
     def server_version(self) -> int:
         """The server's version. While the server does not answer (cut off, frozen, restarting)
         the worker retries every second in phase ``unreachable``, which is not idle: past the
-        worker's deadline its watchdog names it stuck. Raises only once the worker is stopping."""
+        worker's deadline its watchdog names it stuck (without a beat it waits unwatched). A worker
+        asked to stop meanwhile ends its run (:meth:`run` returns)."""
         before, told = None if self.beat is None else self.beat.phase, False
         while True:
             try:
                 version = self.spec.client.version()
             except (ConnectionError, TimeoutError) as e:
                 if self.should_stop():
-                    raise
+                    raise WorkerStopping from e
                 if not told:
                     print(f"worker {self.worker_id}: {e}; retrying every second", flush=True)
                     told = True
@@ -196,7 +201,7 @@ class RolloutWorker:
         """Produce batches until stopped, after the last one written before; returns how many
         were written."""
         written = 0
-        self.next_seq = self.resume_seq()
+        self.next_seq = first = self.resume_seq()
         if self.cfg.sandbox.pool.rollouts:
             self.sandboxes = SandboxPool(self.cfg.sandbox)
         try:
@@ -213,6 +218,8 @@ class RolloutWorker:
                     self._write(batch)
                     self.next_seq += 1
                     written += 1
+        except WorkerStopping:  # stopped while its server could not be reached
+            return self.next_seq - first
         finally:
             self._phase("done")
             self.env.close()  # stops services; a later run starts them again

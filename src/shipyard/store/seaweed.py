@@ -74,8 +74,13 @@ class SeaweedServer:
         host: str = "127.0.0.1",
         bind: str | None = None,
         prefix: list[str] | None = None,
+        index_dir: str | Path | None = None,
     ) -> None:
+        """``index_dir``: where the volumes' ``.idx`` files go (``-volume.dir.idx``; default: beside
+        the data). On a disk of its own, a full data disk cannot tear an index: filled to ENOSPC
+        together, SeaweedFS wrote a partial ``.idx`` and refused the volume on its next start."""
         self.data_dir = Path(data_dir)
+        self.index_dir = Path(index_dir) if index_dir is not None else None
         self.host = host
         self.bind = bind or host
         self.prefix = prefix or []
@@ -102,11 +107,14 @@ class SeaweedServer:
             f"-volume.minFreeSpace={MIN_FREE >> 20}MiB",
             "-master.volumeSizeLimitMB=256",
             "-volume.preStopSeconds=0",
+            *([f"-volume.dir.idx={self.index_dir}"] if self.index_dir is not None else []),
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
 
     def start(self, timeout_s: float = 60.0) -> SeaweedServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.index_dir is not None:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.data_dir).free
         if free < NEED_FREE:
             raise RuntimeError(

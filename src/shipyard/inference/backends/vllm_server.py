@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from shipyard.inference.types import VERSION_TIMEOUT_S, GenerateRequest, GenerateResult
+from shipyard.inference.types import UNAVAILABLE, VERSION_TIMEOUT_S, GenerateRequest, GenerateResult
 
 WORKER_EXTENSION = "shipyard.inference.backends.vllm_worker.ShipyardWorkerExtension"
 """Shipyard's weight adoption inside vLLM's worker (:mod:`shipyard.inference.backends.vllm_worker`)."""
@@ -228,6 +228,8 @@ class VllmClient:
             resp = self._http.get("/weight_info", timeout=VERSION_TIMEOUT_S)
         except httpx.TransportError as e:
             raise ConnectionError(f"vLLM at {self.url} did not answer /weight_info: {e!r}") from e
+        if resp.status_code in UNAVAILABLE:
+            raise ConnectionError(f"vLLM at {self.url} answered /weight_info with {resp.status_code}")
         resp.raise_for_status()
         return label_version(resp.json()["weight_version"])
 
@@ -240,7 +242,7 @@ class VllmClient:
             try:
                 if self._http.get("/health").status_code == 200:
                     return self.version()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ConnectionError):
                 pass
             if time.monotonic() > end:
                 raise TimeoutError(f"vLLM at {self.url} not healthy within {timeout_s} s")
