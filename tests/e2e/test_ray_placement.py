@@ -167,13 +167,13 @@ def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_t
             actor.remote(str(tmp_path / "once"), 1),
             actor.remote(str(tmp_path / "always"), 99),
         ]
-        placement._runs = [w.run.remote() for w in placement.workers]
+        placement._runs = [w.run.remote().future() for w in placement.workers]
         with pytest.raises(RuntimeError, match=r"worker w1's run failed 5 times within 600 s; last: .*run 5"):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 placement.rerun_failed_workers()
                 time.sleep(0.2)
-        assert placement._ended == {0} and ray.get(placement._runs[0]) == 7
+        assert placement._ended == {0} and placement._runs[0].result() == 7
         assert (tmp_path / "once").read_text() == "2" and (tmp_path / "always").read_text() == "5"
         health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
         crashes = [(h["component"], h["action"]) for h in health if h["kind"] == "crash"]

@@ -13,6 +13,7 @@ import pytest
 
 from shipyard.config import load_config
 from shipyard.metrics.health import StallError
+from shipyard.metrics.logger import read_metrics
 from shipyard.orchestrate.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,39 @@ def test_a_hung_session_is_named_and_the_run_stops(tmp_path: Path, monkeypatch: 
     stacks = Path(stall["stacks"]).read_text()
     mine = stacks.split("<- the stalled component's")[1].split("--- thread")[0]
     assert "session_that_never_returns" in stacks and "run" in mine  # the worker thread's own stack
+
+
+def test_a_trainer_given_no_trainable_samples_is_a_stall(tmp_path: Path) -> None:
+    """A server that stops adopting new versions (here it polls the store once an hour, with no
+    feed): the workers wait at the version gate (idle, as they should) and the trainer receives no
+    trainable samples. The trainer is named, stuck in `wait_rollouts` past its deadline, long before
+    `trainer.wait_timeout_s` would end its wait."""
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'run.output_dir="{tmp_path}"',
+            f'store.root="{tmp_path / "store"}"',
+            f'run.results_dir="{tmp_path / "results"}"',
+            "run.eval_before_after=false",
+            "trainer.steps=20",
+            "trainer.max_off_policy_steps=1",
+            "trainer.wait_timeout_s=600",
+            "inference.poll_s=3600",
+            "run.watchdog.deadlines.trainer=8",
+            "run.watchdog.check_s=0.5",
+        ],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(StallError, match=r"trainer made no progress in phase 'wait_rollouts'"):
+        train(cfg)
+    assert time.monotonic() - t0 < 300
+    records = [json.loads(line) for line in (tmp_path / "tiny/health.jsonl").read_text().splitlines()]
+    [stall] = [r for r in records if r["kind"] == "stall"]
+    assert (stall["component"], stall["phase"], stall["deadline_s"]) == ("trainer", "wait_rollouts", 8.0)
+    workers = [c for c in records[-1]["components"] if c["component"].startswith("worker")]
+    assert workers and all(c["phase"] == "waiting" for c in workers)  # at the gate, not stalled
+    trained = [r["step"] for r in read_metrics(tmp_path / "tiny/metrics.jsonl") if r.get("kind") == "train"]
+    assert 1 <= len(trained) <= 3  # (version 0 serves steps up to the staleness bound, then nothing)
 
 
 def test_a_standalone_worker_with_a_hung_harness_exits_for_its_supervisor(tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -254,13 +256,16 @@ class RayPlacement:
         init_ray(self.cfg)
         self.servers: list[Any] = []
         self.workers: list[Any] = []
-        self._runs: list[Any] = []
+        self._runs: list[Future[Any]] = []
+        """Each worker's current ``run``, as a future (its state is read without a Ray call: a
+        ``ray.wait(timeout=0)`` once blocked the driver for minutes while an actor restarted)."""
         self._failures: dict[int, list[float]] = {}
         """Per worker, when its runs failed (monotonic seconds)."""
         self._rerun_at: dict[int, float] = {}
         """Workers whose failed run waits to be started again, and when."""
         self._ended: set[int] = set()
         self._trainer_refs: list[Any] = []
+        self._trainer_futures: list[Future[Any]] = []
         self.watch = ActorWatch(self.cfg, self.run_dir, ray)
         self.urls: list[str] = []
 
@@ -288,15 +293,15 @@ class RayPlacement:
             w = worker_cls.remote(self.cfg, f"w{i}", worker_url(self.cfg, i, urls), str(self.run_dir))
             self.workers.append(w)
             self.watch.actors[f"worker w{i}"] = w
-            self._runs.append(w.run.remote())
+            self._runs.append(w.run.remote().future())
         self._trainer_refs = start_rank_group(self.cfg, _train_rank, self.cfg, str(self.run_dir))
+        self._trainer_futures = [r.future() for r in self._trainer_refs]
 
     def trainer_done(self) -> bool:
         if self.watch.stall is not None:
             return True
         self.rerun_failed_workers()
-        ready, _ = self.ray.wait(self._trainer_refs, timeout=0)  # any rank ending ends the group
-        return bool(ready)
+        return any(f.done() for f in self._trainer_futures)  # any rank ending ends the group
 
     def rerun_failed_workers(self) -> None:
         """A worker's run that raised (a server that stayed unreachable past ``wait_ready``, a store
@@ -305,20 +310,18 @@ class RayPlacement:
         whose run failed :data:`MAX_RUN_FAILURES` times within :data:`RUN_FAILURE_WINDOW_S` ends the
         run with the last error. (A worker whose process died is restarted by Ray itself.)"""
         now = time.monotonic()
-        for i, ref in enumerate(self._runs):
+        for i, run in enumerate(self._runs):
             if i in self._rerun_at:
                 if now >= self._rerun_at[i]:
                     del self._rerun_at[i]
-                    self._runs[i] = self.workers[i].run.remote()
+                    self._runs[i] = self.workers[i].run.remote().future()
                 continue
-            if i in self._ended or not self.ray.wait([ref], timeout=0)[0]:
+            if i in self._ended or not run.done():
                 continue
-            try:
-                self.ray.get(ref, timeout=10)  # (ready: its result is there)
+            if (e := run.exception()) is None:
                 self._ended.add(i)  # returned on its own: the run is finished
                 continue
-            except self.ray.exceptions.RayError as e:
-                error = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+            error = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
             failed = [t for t in self._failures.get(i, []) if now - t < RUN_FAILURE_WINDOW_S] + [now]
             self._failures[i] = failed
             if len(failed) >= MAX_RUN_FAILURES:
@@ -344,8 +347,7 @@ class RayPlacement:
         its sandboxes), then kill the actors either way."""
         for w in self.workers:
             w.stop.remote()
-        if self._runs:
-            self.ray.wait(self._runs, num_returns=len(self._runs), timeout=WORKER_STOP_S)
+        wait_futures(self._runs, timeout=WORKER_STOP_S)
         for w in self.workers:
             self.ray.kill(w)
         self.workers, self._runs = [], []
