@@ -74,11 +74,16 @@ def test_the_driver_names_a_silent_trainer_but_not_an_earlier_drivers_record(tmp
         store.put(health_key("trainer"), json.dumps(record).encode())
 
     report(pid=111, reports=40)  # the previous driver's trainer, frozen when it stopped
-    watch = ActorWatch(cfg, tmp_path, ray=None)
+    earlier = ActorWatch(cfg, tmp_path, ray=None)
+    earlier.start()
+    try:
+        assert not until(lambda: earlier.stall is not None, 1.5)  # three times silent_s: not named
+    finally:
+        earlier.stop()
+    watch = ActorWatch(cfg, tmp_path, ray=None)  # a new driver, before it starts its actors
+    report(pid=222, reports=1)  # its trainer reports once before the watch starts, then freezes
     watch.start()
     try:
-        assert not until(lambda: watch.stall is not None, 1.5)  # three times silent_s: not named
-        report(pid=222, reports=1)  # this driver's trainer reports once, then freezes
         assert until(lambda: watch.stall is not None, 10)
     finally:
         watch.stop()

@@ -383,19 +383,23 @@ class ActorWatch:
         self.stall: Exception | None = None
         self.named: list[dict[str, Any]] = []
         self._snapshot = 0.0
-        self._earlier: set[tuple[object, object]] = set()
+        self._earlier = self._records_now()
+        """Records in the store before this driver made any actor: an earlier driver's, never named.
+        (Taken here, not at :meth:`start`: the servers report before the watch starts, and a server
+        taken for an earlier one was never watched, so a frozen one stopped nothing.)"""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shipyard-actor-watch", daemon=True)
 
+    def _records_now(self) -> set[tuple[object, object]]:
+        try:
+            return {(r["component"], r.get("pid")) for r in published_records(self.store)}
+        except (OSError, TimeoutError, ValueError):
+            return set()
+
     def start(self) -> None:
-        """Check in a thread of the driver's own, so a stall is named while the driver waits on a call.
-        The records already in the store are of an earlier driver's actors (a rerun run): never named."""
+        """Check in a thread of the driver's own, so a stall is named while the driver waits on a call."""
         if not self.cfg.run.watchdog.enabled or self._thread.ident is not None:
             return
-        try:
-            self._earlier = {(r["component"], r.get("pid")) for r in published_records(self.store)}
-        except (OSError, TimeoutError, ValueError):
-            self._earlier = set()
         self._thread.start()
 
     def stop(self) -> None:
