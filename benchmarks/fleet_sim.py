@@ -11,18 +11,23 @@ Three stages in one run (issue 19, item 4):
    trainer slow each other on the same two cores (``contention``, the one value chosen to match
    ``cal``'s throughput; 0 on separate devices).
 2. **Validate.** Four more real runs of other shapes (sync; two groups a step; streaming groups
-   with 24 session slots; one turn of at most 96 tokens, sync) are simulated with the calibrated speeds and each run's own sessions (tokens
+   with 24 session slots; one turn of at most 96 tokens, sync), each run ``--repeats`` times (3;
+   repeat ``r`` with ``run.seed=r``, the repeats interleaved so that a drift of the machine falls
+   on every shape), are simulated with the calibrated speeds and each run's own sessions (tokens
    per turn, turns, environment seconds, as the workers recorded them): the simulated throughput
    after the first step (start-up excluded; the first step's wait holds process start-up the model
-   does not have) against the real one: ``sim_vs_real_throughput_rel_err`` per run, and
-   ``configs_within_0_15`` (target: at least 3).
+   does not have) against the real one. Per shape: ``sim_vs_real_throughput_rel_err`` (the mean
+   over its repeats) with its spread (``rel_err_std``, ``_min``, ``_max``), and
+   ``configs_within_0_15`` (shapes whose mean is within 0.15; target: at least 3). The simulator
+   is frozen before validating: the results record the commit of its code (``src/shipyard/fleet``
+   and this file) and whether that code differed from it (``model_dirty``).
 3. **Predict.** A GPU profile (stated below; not measured here) at 1k, 3k and 10k GPUs (a quarter
    train, the rest serve; one GPU per server): sync against async with the worker's batch barrier
    (``rollout.streaming = false``) and against async with streaming groups, over the rollout
    length tail (lognormal sigma) and the staleness bound. Plot: ``docs/fleet_sim.png``.
 
-    python benchmarks/fleet_sim.py            # SmolLM2-135M, 5 real runs of 8 steps (~30 min)
-    python benchmarks/fleet_sim.py --quick    # tiny model, 4 runs of 4 steps, small predictions
+    python benchmarks/fleet_sim.py            # SmolLM2-135M, 1 + 4x3 real runs of 8 steps (~60 min)
+    python benchmarks/fleet_sim.py --quick    # tiny model, 1 + 4 runs of 4 steps, small predictions
     python benchmarks/fleet_sim.py --reuse    # simulate again from the recorded runs
 
 Writes ``benchmarks/results/fleet_sim.json`` and the ``simulator`` section (and the top-level
@@ -81,22 +86,43 @@ def base_config(quick: bool) -> str:
     return "configs/tiny.toml" if quick else "configs/demo.toml"
 
 
-def run_config(name: str, quick: bool) -> tuple[ShipyardConfig, list[str]]:
+MODEL_FILES = ["src/shipyard/fleet", "benchmarks/fleet_sim.py"]
+
+
+def run_config(name: str, quick: bool, repeat: int = 0) -> tuple[ShipyardConfig, list[str]]:
+    """Shape ``name`` of :data:`RUNS`; repeat ``r`` > 0 is its own run (``fleet_<name>_r<r>``,
+    ``run.seed=r``); repeat 0 keeps the name and seed of a single run."""
     steps = 4 if quick else 8
+    suffix = f"_r{repeat}" if repeat else ""
     over = [
-        f'run.name="fleet_{name}"',
+        f'run.name="fleet_{name}{suffix}"',
         f'run.output_dir="{OUT}"',
         f'store.root="{OUT / "store"}"',
         "run.eval_before_after=false",
         f"trainer.steps={steps}",
+        f"run.seed={repeat}",
         *RUNS[name],
     ]
     return load_config(ROOT / base_config(quick), over), over
 
 
-def run_real(name: str, quick: bool, reuse: bool) -> ShipyardConfig:
+def model_version() -> dict[str, Any]:
+    """The commit of the simulator's code (:data:`MODEL_FILES`) and whether the files differ from it."""
+
+    def git(*a: str) -> str:
+        out = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    return {
+        "model_commit": git("log", "-1", "--format=%H", "--", *MODEL_FILES) or None,
+        "model_dirty": bool(git("status", "--porcelain", "--", *MODEL_FILES)),
+        "head": git("rev-parse", "HEAD") or None,
+    }
+
+
+def run_real(name: str, quick: bool, reuse: bool, repeat: int = 0) -> ShipyardConfig:
     """Train one real run (its own process, as a user would) unless ``reuse`` finds it finished."""
-    cfg, over = run_config(name, quick)
+    cfg, over = run_config(name, quick, repeat)
     run_dir = OUT / cfg.run.name
     if reuse and (run_dir / "summary.json").exists():
         return cfg
@@ -105,7 +131,7 @@ def run_real(name: str, quick: bool, reuse: bool) -> ShipyardConfig:
     run_dir.mkdir(parents=True)
     log = run_dir.with_suffix(".log")
     harness.console.print(
-        f"[bold]{name}[/]: shipyard train {base_config(quick)} {' '.join(RUNS[name])}  (log: {log})"
+        f"[bold]{cfg.run.name}[/]: shipyard train {base_config(quick)} {' '.join(over[4:])}  (log: {log})"
     )
     t0 = time.time()
     with open(log, "w") as f:
@@ -113,7 +139,7 @@ def run_real(name: str, quick: bool, reuse: bool) -> ShipyardConfig:
         code = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if code != 0:
         raise SystemExit(f"run {name} failed with exit code {code}; see {log}")
-    harness.console.print(f"{name}: {time.time() - t0:.0f} s")
+    harness.console.print(f"{cfg.run.name}: {time.time() - t0:.0f} s")
     return cfg
 
 
@@ -364,23 +390,55 @@ def plot(pred: dict[str, Any], path: Path) -> None:
     harness.console.print(f"wrote {path}")
 
 
+def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """One shape's repeats: each run's figures, the mean relative error and its spread."""
+    errs = [r["rel_err"] for r in runs]
+    return {
+        "rel_err_mean": statistics.mean(errs),
+        "rel_err_std": statistics.stdev(errs) if len(errs) > 1 else 0.0,
+        "rel_err_min": min(errs),
+        "rel_err_max": max(errs),
+        "real_samples_per_s_mean": statistics.mean(r["real_samples_per_s"] for r in runs),
+        "sim_samples_per_s_mean": statistics.mean(r["sim_samples_per_s"] for r in runs),
+        "repeats": len(runs),
+        "runs": runs,
+    }
+
+
 def main() -> None:
     ap = harness.parser(__doc__)
     ap.add_argument("--reuse", action="store_true", help="simulate the recorded runs again (no new runs)")
+    ap.add_argument("--repeats", type=int, default=None, help="real runs per validation shape (3; --quick 1)")
     args = ap.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
+    frozen = model_version()
+    harness.console.print(f"simulator frozen at {frozen['model_commit']} (dirty: {frozen['model_dirty']})")
     cfg0, _ = run_config("cal", args.quick)
     engine, points = measure_engine(cfg0, args.quick)
     harness.console.print(f"engine: {engine} (fit error {cal.engine_fit_error(engine, points):.1%})")
-    cfgs = {name: run_real(name, args.quick, args.reuse) for name in RUNS}
-    trainer, engine, sync_s, trainer_points = calibrate_from(cfgs["cal"], engine)
+    cal_cfg = run_real("cal", args.quick, args.reuse)
+    shapes = [n for n in RUNS if n != "cal"]
+    cfgs = {(n, r): run_real(n, args.quick, args.reuse, r) for r in range(repeats) for n in shapes}
+    trainer, engine, sync_s, trainer_points = calibrate_from(cal_cfg, engine)
     harness.console.print(
         f"trainer: {trainer}; sync {sync_s:.2f} s; apply pause {engine.apply_s:.3f} s; contention {engine.contention:.2f}"
     )
-    checks = {name: validate(cfg, engine, trainer, sync_s) for name, cfg in cfgs.items() if name != "cal"}
+    checks = {
+        n: summarize([validate(cfgs[n, r], engine, trainer, sync_s) for r in range(repeats)]) for n in shapes
+    }
     harness.table(
-        "simulator against real runs (samples/s after the first step)",
+        f"simulator against real runs (samples/s after the first step; mean of {repeats} runs)",
         {
-            n: {k: v for k, v in c.items() if k in ("real_samples_per_s", "sim_samples_per_s", "rel_err")}
+            n: {
+                "real": c["real_samples_per_s_mean"],
+                "sim": c["sim_samples_per_s_mean"],
+                "rel_err": c["rel_err_mean"],
+                "std": c["rel_err_std"],
+                "min": c["rel_err_min"],
+                "max": c["rel_err_max"],
+            }
             for n, c in checks.items()
         },
     )
@@ -396,8 +454,12 @@ def main() -> None:
     harness.table("predicted async over sync (sigma 1.0, bound 2)", rows)
     plot(pred, ROOT / "docs" / f"fleet_sim{'_quick' if args.quick else ''}.png")
     figures = {
-        "sim_vs_real_throughput_rel_err": {n: c["rel_err"] for n, c in checks.items()},
-        "configs_within_0_15": sum(c["rel_err"] <= 0.15 for c in checks.values()),
+        "sim_vs_real_throughput_rel_err": {n: c["rel_err_mean"] for n, c in checks.items()},
+        "sim_vs_real_rel_err_std": {n: c["rel_err_std"] for n, c in checks.items()},
+        "configs_within_0_15": sum(c["rel_err_mean"] <= 0.15 for c in checks.values()),
+        "runs_within_0_15": sum(r["rel_err"] <= 0.15 for c in checks.values() for r in c["runs"]),
+        "validation_runs": repeats * len(checks),
+        **frozen,
         "validation": checks,
         "calibration": {
             "engine": engine.__dict__,
@@ -412,7 +474,7 @@ def main() -> None:
         "gpu_profile": {"engine": GPU_ENGINE.__dict__, "train_tok_s_per_gpu": 4000, "sync_s": 20.0},
     }
     harness.write_results(args, "fleet_sim", figures)
-    top = ("sim_vs_real_throughput_rel_err", "configs_within_0_15")
+    top = ("sim_vs_real_throughput_rel_err", "sim_vs_real_rel_err_std", "configs_within_0_15", "model_commit")
     harness.merge_fleet(args, "simulator", figures, {k: figures[k] for k in top})
 
 

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from tests.conftest import until
+
 from shipyard.config import load_config
 from shipyard.metrics.logger import read_metrics
 from shipyard.orchestrate.train import train
@@ -187,6 +189,61 @@ def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_t
             f"running it again in {s} s" for s in (1, 2, 4, 8)
         ]
         assert ray_placement.MAX_RUN_FAILURES == 5
+    finally:
+        placement.workers, placement._runs = [], []
+        placement.stop()
+
+
+def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path) -> None:
+    """The driver, not Ray, restarts a worker whose process died (Ray's restart once left a
+    worker's `run` never retried): the dead actor's run fails, a `crash` is recorded and a new actor
+    of the worker's class is started with the worker's arguments; its run returns."""
+    import json
+    import os
+    import signal
+    import time
+
+    import ray
+
+    from shipyard.orchestrate.ray_placement import RayPlacement
+
+    class Worker:  # a worker actor: its first incarnation runs until killed, the next returns 7
+        def __init__(self, cfg: object, worker_id: str, url: str, run_dir: str) -> None:
+            self.marker = Path(run_dir) / f"{worker_id}-{url}"
+
+        def run(self) -> int:
+            if self.marker.exists():
+                return 7
+            self.marker.write_text(str(os.getpid()))
+            time.sleep(600)
+            return 0
+
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
+    )
+    from shipyard.store.run import claim_run
+
+    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
+    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
+    try:
+        placement._worker_cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(Worker)
+        placement._worker_urls = ["u0"]
+        placement.workers = [None]
+        placement._runs = [placement._start_worker(0)]
+        first = placement.workers[0]
+        marker = tmp_path / cfg.run.name / "w0-u0"
+        assert until(lambda: marker.exists() and marker.read_text() != "", 60)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        assert until(lambda: (placement.rerun_failed_workers(), 0 in placement._ended)[1], 120)
+        assert (
+            placement.workers[0] is not first and placement.watch.actors["worker w0"] is placement.workers[0]
+        )
+        assert placement._runs[0].result() == 7
+        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        [crash] = [h for h in health if h["kind"] == "crash"]
+        assert (crash["component"], crash["action"]) == ("worker w0", "starting a new actor")
+        assert placement._failures == {}  # a death is not a run failure counted toward the cap
     finally:
         placement.workers, placement._runs = [], []
         placement.stop()

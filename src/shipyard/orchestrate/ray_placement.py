@@ -15,9 +15,11 @@ publishes its record to the run's store every ``report_s``. The driver reads tho
 (so a stall is named even while the driver waits on a call), and an actor frozen whole is named too
 (``silent``), in ``<run_dir>/health.jsonl`` and on the console; a stalled server is killed at
 once, so that no call of the driver's waits on it until its timeout. Rollout workers are
-restarted: Ray restarts a worker actor that died (``max_restarts``) and retries its ``run``, which
-resumes after its last written batch, and the driver kills a silent one for Ray to restart; a run
-that raised (its server went away under it) is recorded and started again on the same actor. A
+restarted by the driver, not by Ray: a worker actor that died (killed by the driver because it
+was silent, or by anything else) is replaced by a new actor whose ``run`` resumes after its last
+written batch (Ray's own restart once brought an actor back without ever retrying its ``run``: a
+partitioned worker then trained nothing until the trainer's deadline); a run that raised while
+its actor lived (its server went away under it) is recorded and started again on the same actor. A
 stopping placement asks each worker to stop and waits for its run to close its sandboxes. A
 stalled trainer or server ends the run with a :class:`~shipyard.metrics.health.StallError`
 naming it (``shipyard train`` exits 3; rerun, it resumes), as a server restarted elsewhere would
@@ -47,6 +49,8 @@ WORKER_STOP_S = 60
 MAX_RUN_FAILURES = 5
 RUN_FAILURE_WINDOW_S = 600
 """A worker whose run fails ``MAX_RUN_FAILURES`` times within this many seconds ends the run."""
+DEAD_WORKER_RESTART_S = 1.0
+"""How long after its actor died a worker gets a new one (not capped: it was killed from outside)."""
 
 
 def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> Any:
@@ -264,6 +268,10 @@ class RayPlacement:
         self._rerun_at: dict[int, float] = {}
         """Workers whose failed run waits to be started again, and when."""
         self._ended: set[int] = set()
+        self._dead: set[int] = set()
+        """Workers whose actor died, waiting in ``_rerun_at`` for a new one."""
+        self._worker_cls: Any = None
+        self._worker_urls: list[str] = []
         self._trainer_refs: list[Any] = []
         self._trainer_futures: list[Future[Any]] = []
         self.watch = ActorWatch(self.cfg, self.run_dir, ray)
@@ -284,16 +292,14 @@ class RayPlacement:
         from shipyard.orchestrate.components import worker_url
 
         urls = self.urls  # (asking a server again could wait on one that froze since)
-        # a worker that died (its watchdog ends a stalled one) is restarted and its run retried: it
-        # resumes after its last written batch
-        worker_cls = self.ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=2)(
+        # no restarts by Ray: the driver replaces a worker actor that died (`rerun_failed_workers`)
+        self._worker_cls = self.ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=2)(
             _RolloutActor
         )  # (two calls at once: `stop` reaches a worker inside `run`)
+        self._worker_urls = [worker_url(self.cfg, i, urls) for i in range(self.cfg.rollout.num_workers)]
         for i in range(self.cfg.rollout.num_workers):
-            w = worker_cls.remote(self.cfg, f"w{i}", worker_url(self.cfg, i, urls), str(self.run_dir))
-            self.workers.append(w)
-            self.watch.actors[f"worker w{i}"] = w
-            self._runs.append(w.run.remote().future())
+            self.workers.append(None)
+            self._runs.append(self._start_worker(i))
         self._trainer_refs = start_rank_group(self.cfg, _train_rank, self.cfg, str(self.run_dir))
         self._trainer_futures = [r.future() for r in self._trainer_refs]
 
@@ -303,18 +309,29 @@ class RayPlacement:
         self.rerun_failed_workers()
         return any(f.done() for f in self._trainer_futures)  # any rank ending ends the group
 
+    def _start_worker(self, i: int) -> Future[Any]:
+        """A new actor for worker ``i`` (replacing a dead one) and its ``run``, as a future."""
+        w = self._worker_cls.remote(self.cfg, f"w{i}", self._worker_urls[i], str(self.run_dir))
+        self.workers[i] = w
+        self.watch.actors[f"worker w{i}"] = w
+        return w.run.remote().future()
+
     def rerun_failed_workers(self) -> None:
-        """A worker's run that raised (a server that stayed unreachable past ``wait_ready``, a store
-        error it does not retry) is printed, recorded in ``health.jsonl`` and started again on the
-        same actor after a backoff (1 s, doubling to 60 s); it resumes after its last batch. A worker
-        whose run failed :data:`MAX_RUN_FAILURES` times within :data:`RUN_FAILURE_WINDOW_S` ends the
-        run with the last error. (A worker whose process died is restarted by Ray itself.)"""
+        """A worker whose actor died (the driver killed it as silent; anything else killed it) gets a
+        new actor after :data:`DEAD_WORKER_RESTART_S`, its ``run`` resuming after its last batch
+        (recorded in ``health.jsonl`` as a ``crash``). A worker's run that raised while its actor
+        lived (a server that stayed unreachable past ``wait_ready``, a store error it does not
+        retry) is printed, recorded and started again on the same actor after a backoff (1 s,
+        doubling to 60 s); a worker whose run failed so :data:`MAX_RUN_FAILURES` times within
+        :data:`RUN_FAILURE_WINDOW_S` ends the run with the last error."""
         now = time.monotonic()
         for i, run in enumerate(self._runs):
             if i in self._rerun_at:
                 if now >= self._rerun_at[i]:
                     del self._rerun_at[i]
-                    self._runs[i] = self.workers[i].run.remote().future()
+                    dead = i in self._dead
+                    self._dead.discard(i)
+                    self._runs[i] = self._start_worker(i) if dead else self.workers[i].run.remote().future()
                 continue
             if i in self._ended or not run.done():
                 continue
@@ -322,6 +339,13 @@ class RayPlacement:
                 self._ended.add(i)  # returned on its own: the run is finished
                 continue
             error = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+            if isinstance(e, self.ray.exceptions.ActorDiedError):  # the process is gone: a new actor
+                self._dead.add(i)
+                self._rerun_at[i] = now + DEAD_WORKER_RESTART_S
+                record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
+                self.watch.append({**record, "action": "starting a new actor"})
+                print(f"worker w{i}'s actor died ({error}); starting a new one", flush=True)
+                continue
             failed = [t for t in self._failures.get(i, []) if now - t < RUN_FAILURE_WINDOW_S] + [now]
             self._failures[i] = failed
             if len(failed) >= MAX_RUN_FAILURES:
@@ -449,7 +473,7 @@ class ActorWatch:
         if component.startswith("worker "):
             if stall["reason"] != "silent":
                 return  # a stuck worker's own watchdog ends it (and Ray restarts it)
-            action = "restarting it"  # Ray starts a worker that died again and retries its run
+            action = "restarting it"  # killed here; `rerun_failed_workers` gives it a new actor
         else:
             action = "stopping the run"
             self.stall = StallError(describe(stall))
