@@ -9,14 +9,16 @@ promotes it. Per cycle: serve `--requests` requests, train until the matured rec
 gate the candidate, promote or reject. Also measured:
 
 - `gateway_overhead_p50_ms` / `_p99_ms`: per-request latency through the gateway minus direct, in
-  interleaved pairs of identical one-token requests;
+  interleaved pairs of identical one-token requests, the gateway logging each to the database as
+  it logs production (after the last cycle, so no probe is trained on);
 - the database stopped (immediate shutdown) for `--db-down-s` seconds in the second cycle's serving:
   `feedback_events_lost` (sent events missing from the database at the end) and
   `served_requests_failed` (over the whole run);
 - `regressed_candidates_tried` / `_blocked`: candidates with corrupted weights, each gated;
 - `rollback_s`: `ServingLine.rollback` to the previous version until the server reports it;
 - `satisfaction_diff_ci95_low`: the users' satisfaction with the first and the last promoted
-  version on held-out prompts (same seeds, paired);
+  version on held-out prompts (same seeds, paired; the interval clustered by prompt: a prompt's
+  `--final-samples` samples are not independent pairs);
 - `dodge_reward_gap`: the reward model's expected reward of dodging answers (empty, a clarifying
   question, a cut-off code block) to the same requests, minus the honest answers' rewards.
 
@@ -49,7 +51,7 @@ from shipyard.config.load import load_config
 from shipyard.config.schema import GateSuiteConfig, ShipyardConfig
 from shipyard.envs.tasks.functions import SYSTEM_PROMPT
 from shipyard.envs.tasks.splits import task_splits
-from shipyard.eval.stats import paired_diff_ci
+from shipyard.eval.stats import clustered_diff_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ["inference.threads=2", "trainer.threads=2"]
@@ -335,15 +337,16 @@ class Bench:
 
 
 def overhead(bench: Bench, pairs: int) -> dict[str, float]:
-    """Gateway minus direct latency of identical one-token requests, interleaved (module doc)."""
+    """Gateway minus direct latency of identical one-token requests, interleaved (module doc), with
+    the gateway logging each one to the database as it logs production (measured after the last
+    cycle, so that no probe is trained on)."""
     user, task = bench.users[0], bench.prompts[0]
     diffs = []
     for i in range(pairs):  # alternate which goes first: neither gets a warm cache every time
         lat = {}
         for url in (bench.node.url, bench.gateway.url)[:: 1 if i % 2 == 0 else -1]:
             t0 = time.perf_counter()
-            # not stored: a one-token probe is no answer to train on
-            bench.request(user, task, seed=i, url=url, max_tokens=1, store=False).raise_for_status()
+            bench.request(user, task, seed=900_000 + i, url=url, max_tokens=1).raise_for_status()
             lat[url] = time.perf_counter() - t0
         diffs.append(lat[bench.gateway.url] - lat[bench.node.url])
     q = statistics.quantiles([d * 1000 for d in diffs], n=100)
@@ -489,12 +492,13 @@ def _update_regression_suite(bench: Bench) -> None:
 
 def run(bench: Bench) -> dict[str, Any]:
     t0 = time.time()
-    figures: dict[str, Any] = overhead(bench, bench.args.overhead_pairs)
+    figures: dict[str, Any] = {}
     ran = cycles(bench)
     promoted = [d for d in ran["decisions"] if d["promoted_to"] is not None]
     last = promoted[-1]["promoted_to"] if promoted else 0
     first_s, last_s = satisfaction_pair(bench, 0, last)
-    diff, lo, hi = paired_diff_ci(first_s, last_s)
+    prompt_of = [i // bench.args.final_samples for i in range(len(first_s))]  # a prompt's samples
+    diff, lo, hi = clustered_diff_ci(first_s, last_s, prompt_of)
     previous = bench.line.current()
     t_rb = time.time()
     back = bench.line.rollback(max(previous - 1, 0), reason="benchmark")
@@ -510,6 +514,8 @@ def run(bench: Bench) -> dict[str, Any]:
         satisfaction_diff_ci95_low=lo,
         satisfaction_diff_ci95_high=hi,
         satisfaction_eval_n=len(first_s),
+        satisfaction_eval_prompts=len(set(prompt_of)),
+        satisfaction_ci="clustered by prompt",
         candidates_promoted=len(promoted),
         candidates_rejected=len(ran["decisions"]) - len(promoted),
         regressed_candidates_tried=bench.args.regressed,
@@ -524,8 +530,8 @@ def run(bench: Bench) -> dict[str, Any]:
         db=bench.db.counts(),
         decisions=ran["decisions"],
         population=online_users.summary(bench.users),
-        minutes=(time.time() - t0) / 60,
     )
+    figures.update(overhead(bench, bench.args.overhead_pairs), minutes=(time.time() - t0) / 60)
     return figures
 
 

@@ -105,15 +105,18 @@ def test_dashboard_charts_hold_the_runs_metrics(viewer, page, tiny_run) -> None:
 
 def test_the_health_panel_shows_each_component_and_a_stall(browser, tiny_run, tmp_path: Path) -> None:
     """Issue 40: every watched component has a row with its phase and last progress; a component the
-    watchdog named, with no progress since, is shown stalled."""
+    watchdog named, with no progress since, is shown stalled, with its stalls and crashes counted and
+    the last one said."""
     run = tmp_path / "tiny"
     shutil.copytree(tiny_run[0], run)
     lines = [json.loads(x) for x in (run / "health.jsonl").read_text().splitlines()]
     last = next(x for x in reversed(lines) if x["kind"] == "snapshot")["components"]
     worker = next(c for c in last if c["component"] == "worker w0")
     stall = {**worker, "kind": "stall", "phase": "sessions", "at": worker["last_progress_at"] + 900}
+    crash = {"kind": "crash", "component": "worker w0", "at": stall["at"] + 5, "error": "ActorDiedError"}
     with open(run / "health.jsonl", "a") as f:
         f.write(json.dumps({**stall, "stacks": "logs/stall-worker-w0-0.txt"}) + "\n")
+        f.write(json.dumps({**crash, "action": "starting a new actor"}) + "\n")
     v = Viewer([run])
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
@@ -121,9 +124,12 @@ def test_the_health_panel_shows_each_component_and_a_stall(browser, tiny_run, tm
         row = pg.locator("[data-testid=health] tr[data-component='worker w0']")
         expect(row).to_have_attribute("data-state", "stalled", timeout=WAIT_MS)
         assert "sessions" in row.inner_text()
+        events = row.locator("[data-testid=events]").inner_text()
+        assert "1 stall, 1 crash; last: crash" in events and "(ActorDiedError): starting a new actor" in events
         for name in ("trainer", "server 0"):
             ok = pg.locator(f"[data-testid=health] tr[data-component='{name}']")
             expect(ok).to_have_attribute("data-state", "ok", timeout=WAIT_MS)
+            assert ok.locator("[data-testid=events]").inner_text() == "-"
         assert "done" in pg.inner_text("[data-testid=health] tr[data-component='trainer']")
         _no_traceback(pg)
     finally:

@@ -264,3 +264,53 @@ def test_cli_serves_the_runs_on_loopback(tiny_run) -> None:
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_health_counts_each_components_stalls_and_crashes(tmp_path: Path) -> None:
+    """Issue 40: a component's row carries its stall and crash records (the Ray driver records a
+    worker whose actor died as a crash) and the last one; a component with none has no event."""
+    run = tmp_path / "run"
+    run.mkdir()
+    comp = {"phase": "sessions", "ticks": 4, "deadline_s": 300.0, "last_progress_at": 1000.0}
+    lines = [
+        {
+            "kind": "snapshot",
+            "at": 1001.0,
+            "components": [
+                {"component": "worker w0", **comp},
+                {"component": "trainer", **comp, "phase": "wait_rollouts"},
+            ],
+        },
+        {
+            "kind": "stall",
+            "component": "worker w0",
+            "reason": "silent",
+            "action": "restarting it",
+            "at": 1300.0,
+            **comp,
+        },
+        {
+            "kind": "crash",
+            "component": "worker w0",
+            "error": "ActorDiedError: killed",
+            "action": "starting a new actor",
+            "at": 1301.0,
+        },
+    ]
+    (run / "metrics.jsonl").write_text("")
+    (run / "health.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "sna')
+    rows = {r["component"]: r for r in RunReader(run).health()}
+    w0, trainer = rows["worker w0"], rows["trainer"]
+    assert (w0["state"], w0["stalls"], w0["crashes"]) == ("stalled", 1, 1)
+    assert w0["last_event"] == {
+        "kind": "crash",
+        "at": 1301.0,
+        "what": "ActorDiedError: killed",
+        "action": "starting a new actor",
+    }
+    assert (trainer["state"], trainer["stalls"], trainer["crashes"], trainer["last_event"]) == (
+        "ok",
+        0,
+        0,
+        None,
+    )

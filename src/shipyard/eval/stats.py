@@ -3,7 +3,10 @@
 Contract: :func:`wilson_ci` is the Wilson score interval of a binomial proportion;
 :func:`paired_diff_ci` is the normal-approximation interval of mean(after - before) over the
 same tasks (per-task outcomes in {0, 1} or rewards in [0, 1]), the right test when the same
-held-out tasks are evaluated twice. Both return (low, high) at 95% by default.
+held-out tasks are evaluated twice; :func:`clustered_diff_ci` is the same mean difference with a
+cluster-robust variance, for pairs that are not independent (several samples of one prompt: a
+prompt's samples share its difficulty, so 78 prompts x 2 samples are not 156 independent pairs).
+All return their bounds at 95% by default.
 """
 
 from __future__ import annotations
@@ -31,3 +34,28 @@ def paired_diff_ci(before: list[float], after: list[float], z: float = 1.96) -> 
     var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
     half = z * math.sqrt(var / n)
     return (mean, mean - half, mean + half)
+
+
+def clustered_diff_ci(
+    before: list[float], after: list[float], clusters: list[object], z: float = 1.96
+) -> tuple[float, float, float]:
+    """(mean difference, low, high) of after - before over pairs grouped in ``clusters`` (one label
+    per pair, e.g. the prompt it sampled): the variance of the mean is the cluster-robust
+    G/(G-1) * sum over clusters of (sum of the cluster's residuals)^2 / n^2, which is
+    :func:`paired_diff_ci`'s when every pair is its own cluster."""
+    if len(before) != len(after) or len(before) != len(clusters) or not before:
+        raise ValueError(
+            f"clustered pairs need equal, non-zero lengths (got {len(before)} before, {len(after)} "
+            f"after, {len(clusters)} cluster labels)"
+        )
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    sums: dict[object, float] = {}
+    for x, c in zip(d, clusters, strict=True):
+        sums[c] = sums.get(c, 0.0) + (x - mean)
+    g = len(sums)
+    var = g / (g - 1) * sum(r * r for r in sums.values()) / (n * n) if g > 1 else 0.0
+    half = z * math.sqrt(var)
+    return (mean, mean - half, mean + half)
+

@@ -163,12 +163,16 @@ class RunReader:
     def health(self) -> list[dict[str, Any]]:
         """Every watched component's last progress (``health.jsonl``, :mod:`shipyard.metrics.health`):
         its phase, ticks, seconds since its last progress (as of now), deadline, and ``state``:
-        ``stalled`` when a stall was recorded and no progress came after it, else ``ok``."""
+        ``stalled`` when a stall was recorded and no progress came after it, else ``ok``; and what
+        the watchers recorded of it: ``stalls`` and ``crashes`` (a Ray worker's run that failed, its
+        actor that died) and the ``last_event`` (``kind``, ``at``, ``what``: the stall's reason or the
+        crash's error, ``action``), None when there was none."""
         path = self.dir / "health.jsonl"
         if not path.is_file():
             return []
         snapshot: list[dict[str, Any]] = []
         stalled: dict[str, float] = {}  # component -> the last progress its stall was named at
+        events: dict[str, list[dict[str, Any]]] = {}  # component -> its stalls and crashes, in order
         for line in path.read_text().splitlines():
             try:
                 rec = json.loads(line)
@@ -179,12 +183,15 @@ class RunReader:
             elif rec.get("kind") == "stall":
                 stalled[rec["component"]] = rec["last_progress_at"]
                 snapshot = [c for c in snapshot if c["component"] != rec["component"]] + [rec]
+            if rec.get("kind") in ("stall", "crash"):
+                events.setdefault(rec["component"], []).append(rec)
         now = time.time()
         return [
             {
                 **{k: c[k] for k in ("component", "phase", "ticks", "deadline_s")},
                 "age_s": round(now - c["last_progress_at"], 1),
                 "state": "stalled" if stalled.get(c["component"]) == c["last_progress_at"] else "ok",
+                **_events(events.get(c["component"], [])),
             }
             for c in sorted(snapshot, key=lambda c: c["component"])
         ]
@@ -429,3 +436,20 @@ def _quantile(values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def _events(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A component's stall and crash records, counted, and the last one (:meth:`RunReader.health`)."""
+    last = recs[-1] if recs else None
+    return {
+        "stalls": sum(r["kind"] == "stall" for r in recs),
+        "crashes": sum(r["kind"] == "crash" for r in recs),
+        "last_event": None
+        if last is None
+        else {
+            "kind": last["kind"],
+            "at": last.get("at"),
+            "what": last.get("reason") if last["kind"] == "stall" else last.get("error"),
+            "action": last.get("action"),
+        },
+    }

@@ -6,7 +6,7 @@
  * of the runs' steps and the series go run by run (data[1] = the first run's first metric).
  * Every POLL_MS it asks /api/runs, then per run metrics?after=<next> (appended), rewards, servers,
  * evals and health (the components' last progress, [data-testid=health], a row per component with
- * data-state ok|stalled); charts change in place with setData and are rebuilt only when their series change
+ * data-state ok|stalled and its stalls and crashes in td[data-testid=events]); charts change in place with setData and are rebuilt only when their series change
  * (a run is added, a hack flag first fires). The add-run form POSTs /api/runs {"dir"}.
  * Limits: metrics stay in memory for the page's life (fine for thousands of steps); rollouts are
  * never fetched here, so the first paint waits on nothing but /api/runs and the metrics.
@@ -314,11 +314,20 @@ function renderHealth() {
       rows.push(h('tr', { 'data-component': c.component, 'data-run': label, 'data-state': c.state, class: c.state === 'stalled' ? 'stalled' : '' },
         h('td', {}, label), h('td', {}, c.component), h('td', {}, c.phase), h('td', { class: 'num' }, c.ticks),
         h('td', { class: 'num' }, `${fmtNum(c.age_s)} s`), h('td', { class: 'num' }, `${fmtNum(c.deadline_s)} s`),
-        h('td', {}, c.state)));
+        h('td', {}, c.state), h('td', { testid: 'events' }, healthEvents(c))));
     }
   }
-  if (!rows.length) rows.push(h('tr', { class: 'empty' }, h('td', { colspan: 7 }, 'no component reported progress yet (health.jsonl)')));
+  if (!rows.length) rows.push(h('tr', { class: 'empty' }, h('td', { colspan: 8 }, 'no component reported progress yet (health.jsonl)')));
   body.replaceChildren(...rows);
+}
+
+// "2 stalls, 1 crash; last: crash at 12:03:04 (actor died ...): starting a new actor", or "-"
+function healthEvents(c) {
+  const e = c.last_event;
+  if (!e) return '-';
+  const plural = (n, w) => `${n} ${w}${n === 1 ? '' : (w === 'crash' ? 'es' : 's')}`;
+  const what = e.what ? ` (${e.what})` : '';
+  return `${plural(c.stalls || 0, 'stall')}, ${plural(c.crashes || 0, 'crash')}; last: ${e.kind} at ${fmtTime(e.at)}${what}${e.action ? `: ${e.action}` : ''}`;
 }
 
 function addRunForm() {
@@ -441,7 +450,7 @@ function showDashboard(gen) {
   const healthCard = h('section', { class: 'card health-card' },
     h('h3', {}, 'Health: each component\'s last progress (a stall is named by the watchdog)'),
     h('table', { class: 'grid-table', testid: 'health' },
-      h('thead', {}, h('tr', {}, ['run', 'component', 'phase', 'ticks', 'last progress', 'deadline', 'state'].map((t) => h('th', {}, t)))),
+      h('thead', {}, h('tr', {}, ['run', 'component', 'phase', 'ticks', 'last progress', 'deadline', 'state', 'stalls and crashes'].map((t) => h('th', {}, t)))),
       h('tbody', {})));
   const grid = h('div', { class: 'charts' }, CHARTS.map(chartCard));
   dash.root = h('div', { class: 'dashboard' }, runsCard, evalsCard, healthCard, grid);
