@@ -233,7 +233,7 @@ def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path
         placement._runs = [placement._start_worker(0)]
         first = placement.workers[0]
         marker = tmp_path / cfg.run.name / "w0-u0"
-        assert until(lambda: marker.exists() and marker.read_text() != "", 60)
+        assert until(lambda: marker.exists() and marker.read_text() != "", 180)
         os.kill(int(marker.read_text()), signal.SIGKILL)
         assert until(lambda: (placement.rerun_failed_workers(), 0 in placement._ended)[1], 120)
         assert (
@@ -242,8 +242,53 @@ def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path
         assert placement._runs[0].result() == 7
         health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
         [crash] = [h for h in health if h["kind"] == "crash"]
-        assert (crash["component"], crash["action"]) == ("worker w0", "starting a new actor")
-        assert placement._failures == {}  # a death is not a run failure counted toward the cap
+        assert (crash["component"], crash["action"]) == ("worker w0", "starting a new actor in 1 s")
+        assert placement._failures == {}  # a death is not a failed run: it has its own count
+    finally:
+        placement.workers, placement._runs = [], []
+        placement.stop()
+
+
+def test_a_ray_worker_whose_actors_keep_dying_ends_the_run(tmp_path: Path, monkeypatch) -> None:
+    """An actor that cannot start (its constructor raises) is not replaced forever: with the backoff
+    doubling, the MAX_ACTOR_DEATHS-th death in the window ends the run naming the worker."""
+    import json
+
+    import pytest
+    import ray
+
+    from shipyard.orchestrate import ray_placement
+    from shipyard.orchestrate.ray_placement import RayPlacement
+
+    class Broken:
+        def __init__(self, cfg: object, worker_id: str, url: str, run_dir: str) -> None:
+            raise ImportError("no module named 'their_harness'")
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(ray_placement, "DEAD_WORKER_RESTART_S", 0.05)
+    monkeypatch.setattr(ray_placement, "MAX_ACTOR_DEATHS", 3)
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
+    )
+    from shipyard.store.run import claim_run
+
+    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
+    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
+    try:
+        placement._worker_cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(Broken)
+        placement._worker_urls = ["u0"]
+        placement.workers = [None]
+        placement._runs = [placement._start_worker(0)]
+        with pytest.raises(
+            RuntimeError, match=r"worker w0's actor died 3 times within 600 s; last: .*their_harness"
+        ):
+            assert not until(lambda: placement.rerun_failed_workers() is not None, 120)
+        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        actions = [h["action"] for h in health if h["kind"] == "crash"]
+        assert actions == ["starting a new actor in 0.05 s", "starting a new actor in 0.1 s"]
     finally:
         placement.workers, placement._runs = [], []
         placement.stop()

@@ -38,4 +38,3 @@ def test_clustered_diff_is_the_paired_one_for_singletons_and_wider_for_correlate
     assert ratio == pytest.approx(math.sqrt(2 * 50 / 49 * 99 / 100))
     with pytest.raises(ValueError, match="cluster labels"):
         clustered_diff_ci([1.0, 0.0], [1.0, 0.0], [0])
-

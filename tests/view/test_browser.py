@@ -125,7 +125,9 @@ def test_the_health_panel_shows_each_component_and_a_stall(browser, tiny_run, tm
         expect(row).to_have_attribute("data-state", "stalled", timeout=WAIT_MS)
         assert "sessions" in row.inner_text()
         events = row.locator("[data-testid=events]").inner_text()
-        assert "1 stall, 1 crash; last: crash" in events and "(ActorDiedError): starting a new actor" in events
+        assert (
+            "1 stall, 1 crash; last: crash" in events and "(ActorDiedError): starting a new actor" in events
+        )
         for name in ("trainer", "server 0"):
             ok = pg.locator(f"[data-testid=health] tr[data-component='{name}']")
             expect(ok).to_have_attribute("data-state", "ok", timeout=WAIT_MS)

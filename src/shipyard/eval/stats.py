@@ -58,4 +58,3 @@ def clustered_diff_ci(
     var = g / (g - 1) * sum(r * r for r in sums.values()) / (n * n) if g > 1 else 0.0
     half = z * math.sqrt(var)
     return (mean, mean - half, mean + half)
-

@@ -50,7 +50,11 @@ MAX_RUN_FAILURES = 5
 RUN_FAILURE_WINDOW_S = 600
 """A worker whose run fails ``MAX_RUN_FAILURES`` times within this many seconds ends the run."""
 DEAD_WORKER_RESTART_S = 1.0
-"""How long after its actor died a worker gets a new one (not capped: it was killed from outside)."""
+MAX_ACTOR_DEATHS = 10
+"""A worker gets a new actor ``DEAD_WORKER_RESTART_S`` after its actor died, doubling with each death
+within ``RUN_FAILURE_WINDOW_S`` up to 60 s; the ``MAX_ACTOR_DEATHS``-th death in the window (an
+actor that cannot start, a crash loop) ends the run. Deaths are counted apart from failed runs:
+the driver kills a silent worker's actor itself."""
 
 
 def _watched(cfg: ShipyardConfig, run_dir: str, component: str, store: Any) -> Any:
@@ -270,6 +274,8 @@ class RayPlacement:
         self._ended: set[int] = set()
         self._dead: set[int] = set()
         """Workers whose actor died, waiting in ``_rerun_at`` for a new one."""
+        self._deaths: dict[int, list[float]] = {}
+        """Per worker, when its actors died (monotonic seconds)."""
         self._worker_cls: Any = None
         self._worker_urls: list[str] = []
         self._trainer_refs: list[Any] = []
@@ -318,8 +324,8 @@ class RayPlacement:
 
     def rerun_failed_workers(self) -> None:
         """A worker whose actor died (the driver killed it as silent; anything else killed it) gets a
-        new actor after :data:`DEAD_WORKER_RESTART_S`, its ``run`` resuming after its last batch
-        (recorded in ``health.jsonl`` as a ``crash``). A worker's run that raised while its actor
+        new actor after a backoff (:data:`MAX_ACTOR_DEATHS`), its ``run`` resuming after its last
+        batch (recorded in ``health.jsonl`` as a ``crash``). A worker's run that raised while its actor
         lived (a server that stayed unreachable past ``wait_ready``, a store error it does not
         retry) is printed, recorded and started again on the same actor after a backoff (1 s,
         doubling to 60 s); a worker whose run failed so :data:`MAX_RUN_FAILURES` times within
@@ -340,11 +346,7 @@ class RayPlacement:
                 continue
             error = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
             if isinstance(e, self.ray.exceptions.ActorDiedError):  # the process is gone: a new actor
-                self._dead.add(i)
-                self._rerun_at[i] = now + DEAD_WORKER_RESTART_S
-                record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
-                self.watch.append({**record, "action": "starting a new actor"})
-                print(f"worker w{i}'s actor died ({error}); starting a new one", flush=True)
+                self._replace_dead(i, now, error)
                 continue
             failed = [t for t in self._failures.get(i, []) if now - t < RUN_FAILURE_WINDOW_S] + [now]
             self._failures[i] = failed
@@ -357,6 +359,21 @@ class RayPlacement:
             self.watch.append({**record, "action": f"running it again in {backoff:.0f} s"})
             print(f"worker w{i} failed ({error}); running it again in {backoff:.0f} s", flush=True)
             self._rerun_at[i] = now + backoff
+
+    def _replace_dead(self, i: int, now: float, error: str) -> None:
+        """Worker ``i``'s actor died: a new one after the backoff, or the end of the run (module doc)."""
+        deaths = [t for t in self._deaths.get(i, []) if now - t < RUN_FAILURE_WINDOW_S] + [now]
+        self._deaths[i] = deaths
+        if len(deaths) >= MAX_ACTOR_DEATHS:
+            raise RuntimeError(
+                f"worker w{i}'s actor died {len(deaths)} times within {RUN_FAILURE_WINDOW_S} s; last: {error}"
+            )
+        backoff = min(60.0, DEAD_WORKER_RESTART_S * 2.0 ** (len(deaths) - 1))
+        self._dead.add(i)
+        self._rerun_at[i] = now + backoff
+        record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
+        self.watch.append({**record, "action": f"starting a new actor in {backoff:g} s"})
+        print(f"worker w{i}'s actor died ({error}); starting a new one in {backoff:g} s", flush=True)
 
     def trainer_result(self) -> dict[str, Any]:
         """Rank 0's summary, with the node of every rank; a failed rank's error is raised, and a
