@@ -639,6 +639,12 @@ def main() -> None:
         default=None,
         help="rounds over the 6 stall kinds after the kills (benchmarks/stalls.py; default 2, --quick 0)",
     )
+    p.add_argument(
+        "--stall-kinds",
+        default=",".join(STALLS),
+        help="comma-separated stall kinds (default: all six); a run of some kinds on Ray is merged "
+        "into chaos.json under `ray_<kinds>`, beside the full run's `ray`",
+    )
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: enough for the rounds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, help="keep the run (logs, run dir) here instead of a temporary dir")
@@ -649,6 +655,13 @@ def main() -> None:
         help="ray: the run as Ray actors under one `shipyard train`, stalls only (merged into chaos.json under `ray`)",
     )
     args = p.parse_args()
+    kinds = tuple(k for k in args.stall_kinds.split(",") if k)
+    if not kinds or set(kinds) - set(STALLS):
+        raise ValueError(f"--stall-kinds {args.stall_kinds!r}: give some of {', '.join(STALLS)}")
+    if set(kinds) != set(STALLS) and args.placement != "ray":
+        raise ValueError(
+            "--stall-kinds selects kinds on --placement ray only (the process run records every kind)"
+        )
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stopped benchmark stops its run too
     ray = args.placement == "ray"
     rounds = args.rounds if args.rounds is not None else (0 if ray else 1 if args.quick else 3)
@@ -656,7 +669,7 @@ def main() -> None:
     steps = args.steps or 60 * max(rounds, 1)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         work = args.work or Path(tmp)
-        figures = run_chaos(work, rounds, steps, args.seed, stall_rounds, STALLS, args.placement)
+        figures = run_chaos(work, rounds, steps, args.seed, stall_rounds, kinds, args.placement)
     if rounds:
         table(
             "chaos: recovery after SIGKILL, per component kind",
@@ -681,18 +694,16 @@ def main() -> None:
     if ray:  # beside the process placement's figures
         path = args.out / f"chaos{'_quick' if args.quick else ''}.json"
         merged = json.loads(path.read_text()) if path.exists() else {}
-        merged["ray"] = figures
+        key = "ray" if set(kinds) == set(STALLS) else "ray_" + "_".join(kinds)
+        merged[key] = {**figures, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         tmp_path = path.with_suffix(".tmp")
         tmp_path.write_text(json.dumps(merged, indent=1) + "\n")
         tmp_path.replace(path)
-        print(f"merged into {path} under 'ray'")
+        print(f"merged into {path} under {key!r}")
     else:  # keeping the Ray figures a `--placement ray` run merged in
         path = args.out / f"chaos{'_quick' if args.quick else ''}.json"
-        kept = (
-            {"ray": json.loads(path.read_text())["ray"]}
-            if path.exists() and '"ray"' in path.read_text()
-            else {}
-        )
+        old = json.loads(path.read_text()) if path.exists() else {}
+        kept = {k: v for k, v in old.items() if k == "ray" or k.startswith("ray_")}
         write_results(args, "chaos", {**figures, **kept})
 
 
