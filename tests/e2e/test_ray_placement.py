@@ -1,6 +1,10 @@
 """The same tiny run placed as Ray actors (trainer, inference server, rollout worker) on a local Ray."""
 
+import contextlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import until
 
@@ -134,20 +138,41 @@ finally:
     assert "stopped cleanly" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
+@contextlib.contextmanager
+def _bare_placement(tmp_path: Path) -> Iterator[Any]:
+    """A claimed run's RayPlacement on a local Ray with no actors yet (a test gives it its workers);
+    stopped after, its workers dropped first (the test's own actors)."""
+    from shipyard.orchestrate.ray_placement import RayPlacement
+    from shipyard.store.run import claim_run
+
+    cfg = load_config(
+        ROOT / "configs/tiny.toml",
+        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
+    )
+    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
+    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
+    try:
+        yield placement
+    finally:
+        placement.workers, placement._runs = [], []
+        placement.stop()
+
+
+def _health(placement: Any) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (placement.run_dir / "health.jsonl").read_text().splitlines()]
+
+
 def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_the_run(
     tmp_path: Path,
 ) -> None:
     """The driver's `rerun_failed_workers`, on a real local Ray: a run that raised is recorded in
     `health.jsonl` and started again on the same actor after its backoff (the second run returns);
     a run that fails `MAX_RUN_FAILURES` times in the window ends the run naming the worker."""
-    import json
-    import time
 
     import pytest
     import ray
 
     from shipyard.orchestrate import ray_placement
-    from shipyard.orchestrate.ray_placement import RayPlacement
 
     class Flaky:  # a worker actor's `run`: fails `fails` times (counted in a file), then returns 7
         def __init__(self, marker: str, fails: int) -> None:
@@ -160,15 +185,7 @@ def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_t
                 raise ConnectionError(f"server unreachable (run {n + 1})")
             return 7
 
-    cfg = load_config(
-        ROOT / "configs/tiny.toml",
-        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
-    )
-    from shipyard.store.run import claim_run
-
-    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
-    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
-    try:
+    with _bare_placement(tmp_path) as placement:
         actor = ray.remote(num_cpus=0)(Flaky)
         placement.workers = [
             actor.remote(str(tmp_path / "once"), 1),
@@ -176,36 +193,26 @@ def test_a_ray_worker_run_that_raises_is_rerun_and_one_that_keeps_failing_ends_t
         ]
         placement._runs = [w.run.remote().future() for w in placement.workers]
         with pytest.raises(RuntimeError, match=r"worker w1's run failed 5 times within 600 s; last: .*run 5"):
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                placement.rerun_failed_workers()
-                time.sleep(0.2)
+            assert not until(lambda: placement.rerun_failed_workers() is not None, 120)
         assert placement._ended == {0} and placement._runs[0].result() == 7
         assert (tmp_path / "once").read_text() == "2" and (tmp_path / "always").read_text() == "5"
-        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        health = _health(placement)
         crashes = [(h["component"], h["action"]) for h in health if h["kind"] == "crash"]
         assert crashes.count(("worker w0", "running it again in 1 s")) == 1
         assert [a for c, a in crashes if c == "worker w1"] == [
             f"running it again in {s} s" for s in (1, 2, 4, 8)
         ]
         assert ray_placement.MAX_RUN_FAILURES == 5
-    finally:
-        placement.workers, placement._runs = [], []
-        placement.stop()
 
 
 def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path) -> None:
     """The driver, not Ray, restarts a worker whose process died (Ray's restart once left a
     worker's `run` never retried): the dead actor's run fails, a `crash` is recorded and a new actor
     of the worker's class is started with the worker's arguments; its run returns."""
-    import json
     import os
     import signal
-    import time
 
     import ray
-
-    from shipyard.orchestrate.ray_placement import RayPlacement
 
     class Worker:  # a worker actor: its first incarnation runs until killed, the next returns 7
         def __init__(self, cfg: object, worker_id: str, url: str, run_dir: str) -> None:
@@ -215,24 +222,16 @@ def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path
             if self.marker.exists():
                 return 7
             self.marker.write_text(str(os.getpid()))
-            time.sleep(600)
+            signal.pause()  # until the test kills this process
             return 0
 
-    cfg = load_config(
-        ROOT / "configs/tiny.toml",
-        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
-    )
-    from shipyard.store.run import claim_run
-
-    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
-    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
-    try:
+    with _bare_placement(tmp_path) as placement:
         placement._worker_cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(Worker)
         placement._worker_urls = ["u0"]
         placement.workers = [None]
         placement._runs = [placement._start_worker(0)]
         first = placement.workers[0]
-        marker = tmp_path / cfg.run.name / "w0-u0"
+        marker = placement.run_dir / "w0-u0"
         assert until(lambda: marker.exists() and marker.read_text() != "", 180)
         os.kill(int(marker.read_text()), signal.SIGKILL)
         assert until(lambda: (placement.rerun_failed_workers(), 0 in placement._ended)[1], 120)
@@ -240,25 +239,20 @@ def test_a_ray_worker_whose_actor_died_gets_a_new_actor_that_runs(tmp_path: Path
             placement.workers[0] is not first and placement.watch.actors["worker w0"] is placement.workers[0]
         )
         assert placement._runs[0].result() == 7
-        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        health = _health(placement)
         [crash] = [h for h in health if h["kind"] == "crash"]
         assert (crash["component"], crash["action"]) == ("worker w0", "starting a new actor in 1 s")
         assert placement._failures == {}  # a death is not a failed run: it has its own count
-    finally:
-        placement.workers, placement._runs = [], []
-        placement.stop()
 
 
 def test_a_ray_worker_whose_actors_keep_dying_ends_the_run(tmp_path: Path, monkeypatch) -> None:
     """An actor that cannot start (its constructor raises) is not replaced forever: with the backoff
     doubling, the MAX_ACTOR_DEATHS-th death in the window ends the run naming the worker."""
-    import json
 
     import pytest
     import ray
 
     from shipyard.orchestrate import ray_placement
-    from shipyard.orchestrate.ray_placement import RayPlacement
 
     class Broken:
         def __init__(self, cfg: object, worker_id: str, url: str, run_dir: str) -> None:
@@ -269,15 +263,7 @@ def test_a_ray_worker_whose_actors_keep_dying_ends_the_run(tmp_path: Path, monke
 
     monkeypatch.setattr(ray_placement, "DEAD_WORKER_RESTART_S", 0.05)
     monkeypatch.setattr(ray_placement, "MAX_ACTOR_DEATHS", 3)
-    cfg = load_config(
-        ROOT / "configs/tiny.toml",
-        ["run.placement=ray", f'run.output_dir="{tmp_path}"', f'store.root="{tmp_path / "store"}"'],
-    )
-    from shipyard.store.run import claim_run
-
-    claim_run(cfg.store, cfg.run.name, tmp_path / cfg.run.name)
-    placement = RayPlacement(cfg, tmp_path / cfg.run.name)
-    try:
+    with _bare_placement(tmp_path) as placement:
         placement._worker_cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(Broken)
         placement._worker_urls = ["u0"]
         placement.workers = [None]
@@ -286,9 +272,6 @@ def test_a_ray_worker_whose_actors_keep_dying_ends_the_run(tmp_path: Path, monke
             RuntimeError, match=r"worker w0's actor died 3 times within 600 s; last: .*their_harness"
         ):
             assert not until(lambda: placement.rerun_failed_workers() is not None, 120)
-        health = [json.loads(x) for x in (tmp_path / cfg.run.name / "health.jsonl").read_text().splitlines()]
+        health = _health(placement)
         actions = [h["action"] for h in health if h["kind"] == "crash"]
         assert actions == ["starting a new actor in 0.05 s", "starting a new actor in 0.1 s"]
-    finally:
-        placement.workers, placement._runs = [], []
-        placement.stop()

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,20 @@ from shipyard.orchestrate.train import train
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tiny(tmp_path: Path, *over: str) -> Any:
+    """configs/tiny.toml on the local placement, everything under ``tmp_path``, no before/after eval."""
+    return load_config(
+        ROOT / "configs/tiny.toml",
+        [
+            f'run.output_dir="{tmp_path}"',
+            f'store.root="{tmp_path / "store"}"',
+            f'run.results_dir="{tmp_path / "results"}"',
+            "run.eval_before_after=false",
+            *over,
+        ],
+    )
+
+
 def test_a_hung_session_is_named_and_the_run_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
 
@@ -27,17 +42,7 @@ def test_a_hung_session_is_named_and_the_run_stops(tmp_path: Path, monkeypatch: 
         return []
 
     monkeypatch.setattr("shipyard.rollout.worker.play", session_that_never_returns)
-    cfg = load_config(
-        ROOT / "configs/tiny.toml",
-        [
-            f'run.output_dir="{tmp_path}"',
-            f'store.root="{tmp_path / "store"}"',
-            f'run.results_dir="{tmp_path / "results"}"',
-            "run.eval_before_after=false",
-            "run.watchdog.deadlines.worker=3",
-            "run.watchdog.check_s=0.5",
-        ],
-    )
+    cfg = _tiny(tmp_path, "run.watchdog.deadlines.worker=3", "run.watchdog.check_s=0.5")
     t0 = time.monotonic()
     try:
         with pytest.raises(StallError, match=r"worker w0 made no progress in phase 'sessions'"):
@@ -59,20 +64,14 @@ def test_a_trainer_given_no_trainable_samples_is_a_stall(tmp_path: Path) -> None
     feed): the workers wait at the version gate (idle, as they should) and the trainer receives no
     trainable samples. The trainer is named, stuck in `wait_rollouts` past its deadline, long before
     `trainer.wait_timeout_s` would end its wait."""
-    cfg = load_config(
-        ROOT / "configs/tiny.toml",
-        [
-            f'run.output_dir="{tmp_path}"',
-            f'store.root="{tmp_path / "store"}"',
-            f'run.results_dir="{tmp_path / "results"}"',
-            "run.eval_before_after=false",
-            "trainer.steps=20",
-            "trainer.max_off_policy_steps=1",
-            "trainer.wait_timeout_s=600",
-            "inference.poll_s=3600",
-            "run.watchdog.deadlines.trainer=8",
-            "run.watchdog.check_s=0.5",
-        ],
+    cfg = _tiny(
+        tmp_path,
+        "trainer.steps=20",
+        "trainer.max_off_policy_steps=1",
+        "trainer.wait_timeout_s=600",
+        "inference.poll_s=3600",
+        "run.watchdog.deadlines.trainer=8",
+        "run.watchdog.check_s=0.5",
     )
     t0 = time.monotonic()
     with pytest.raises(StallError, match=r"trainer made no progress in phase 'wait_rollouts'"):

@@ -28,12 +28,7 @@ def paired_diff_ci(before: list[float], after: list[float], z: float = 1.96) -> 
     """(mean difference, low, high) of after - before over paired outcomes."""
     if len(before) != len(after) or not before:
         raise ValueError(f"paired outcomes need equal, non-zero lengths (got {len(before)} and {len(after)})")
-    d = [a - b for a, b in zip(after, before, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
-    half = z * math.sqrt(var / n)
-    return (mean, mean - half, mean + half)
+    return clustered_diff_ci(before, after, list(range(len(before))), z)  # every pair its own cluster
 
 
 def clustered_diff_ci(
@@ -42,7 +37,7 @@ def clustered_diff_ci(
     """(mean difference, low, high) of after - before over pairs grouped in ``clusters`` (one label
     per pair, e.g. the prompt it sampled): the variance of the mean is the cluster-robust
     G/(G-1) * sum over clusters of (sum of the cluster's residuals)^2 / n^2, which is
-    :func:`paired_diff_ci`'s when every pair is its own cluster."""
+    the ordinary paired interval (:func:`paired_diff_ci`) when every pair is its own cluster."""
     if len(before) != len(after) or len(before) != len(clusters) or not before:
         raise ValueError(
             f"clustered pairs need equal, non-zero lengths (got {len(before)} before, {len(after)} "

@@ -269,11 +269,10 @@ class RayPlacement:
         ``ray.wait(timeout=0)`` once blocked the driver for minutes while an actor restarted)."""
         self._failures: dict[int, list[float]] = {}
         """Per worker, when its runs failed (monotonic seconds)."""
-        self._rerun_at: dict[int, float] = {}
-        """Workers whose failed run waits to be started again, and when."""
+        self._rerun_at: dict[int, tuple[float, bool]] = {}
+        """Workers whose failed run waits to be started again: when, and whether on a new actor (the
+        old one died)."""
         self._ended: set[int] = set()
-        self._dead: set[int] = set()
-        """Workers whose actor died, waiting in ``_rerun_at`` for a new one."""
         self._deaths: dict[int, list[float]] = {}
         """Per worker, when its actors died (monotonic seconds)."""
         self._worker_cls: Any = None
@@ -333,10 +332,9 @@ class RayPlacement:
         now = time.monotonic()
         for i, run in enumerate(self._runs):
             if i in self._rerun_at:
-                if now >= self._rerun_at[i]:
+                at, dead = self._rerun_at[i]
+                if now >= at:
                     del self._rerun_at[i]
-                    dead = i in self._dead
-                    self._dead.discard(i)
                     self._runs[i] = self._start_worker(i) if dead else self.workers[i].run.remote().future()
                 continue
             if i in self._ended or not run.done():
@@ -358,7 +356,7 @@ class RayPlacement:
             record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
             self.watch.append({**record, "action": f"running it again in {backoff:.0f} s"})
             print(f"worker w{i} failed ({error}); running it again in {backoff:.0f} s", flush=True)
-            self._rerun_at[i] = now + backoff
+            self._rerun_at[i] = (now + backoff, False)
 
     def _replace_dead(self, i: int, now: float, error: str) -> None:
         """Worker ``i``'s actor died: a new one after the backoff, or the end of the run (module doc)."""
@@ -369,8 +367,7 @@ class RayPlacement:
                 f"worker w{i}'s actor died {len(deaths)} times within {RUN_FAILURE_WINDOW_S} s; last: {error}"
             )
         backoff = min(60.0, DEAD_WORKER_RESTART_S * 2.0 ** (len(deaths) - 1))
-        self._dead.add(i)
-        self._rerun_at[i] = now + backoff
+        self._rerun_at[i] = (now + backoff, True)
         record = {"kind": "crash", "component": f"worker w{i}", "at": time.time(), "error": error}
         self.watch.append({**record, "action": f"starting a new actor in {backoff:g} s"})
         print(f"worker w{i}'s actor died ({error}); starting a new one in {backoff:g} s", flush=True)
