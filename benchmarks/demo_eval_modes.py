@@ -1,9 +1,10 @@
 """Where does the demo's gain show? One finished demo run, its base and final versions evaluated on
-the same held-out tasks greedily and by sampling, with the paired interval of each difference.
+the same held-out tasks (the run's own tasks and `eval.split`, from its `config.json`) greedily and
+by sampling, with the paired interval of each difference.
 
 Run it from the directory the run was started in (its `store.root` is relative):
 
-    python benchmarks/demo_eval_modes.py runs/demo_seeds_s0 --config configs/demo.toml --temperatures 0 0.7
+    python benchmarks/demo_eval_modes.py runs/demo_seeds_s0 --temperatures 0 0.7
 
 Writes `benchmarks/results/demo_eval_modes.json`: per temperature `before`, `after`, `diff`,
 `ci95_low`, `ci95_high`, `up` (tasks failed before and passed after), `down` (the reverse), `n`.
@@ -20,14 +21,13 @@ import harness
 
 
 def main() -> int:
-    from shipyard.config import load_config
+    from shipyard.config.schema import ShipyardConfig
     from shipyard.eval.command import run_eval
     from shipyard.eval.stats import paired_diff_ci
 
     p = harness.parser(__doc__)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    p.add_argument("--config", default="configs/demo.toml", help="the TOML the run was started with")
     args = p.parse_args()
     resolved = json.loads((args.run_dir / "config.json").read_text())
     name, final = resolved["run"]["name"], resolved["trainer"]["steps"]
@@ -36,10 +36,12 @@ def main() -> int:
     for temp in args.temperatures:
         passed = {}
         for version in (0, final):
-            over = [f"run.name={name}", f"eval.temperature={temp}"]  # version 0: the base model itself
-            over += [f"eval.version={version}"] if version else []
-            over += ['eval.suites=["heldout"]', f"eval.heldout_n={n}", "inference.threads=2"]
-            cfg = load_config(args.config, over)
+            # the run's own config (its tasks and split); version 0: the base model itself
+            ev = {"temperature": temp, "version": version or None, "suites": ["heldout"], "heldout_n": n}
+            inference = {**resolved["inference"], "threads": 2}
+            cfg = ShipyardConfig.model_validate(
+                {**resolved, "eval": {**resolved["eval"], **ev}, "inference": inference}
+            )
             passed[version] = [float(x) for x in run_eval(cfg)["heldout"]["passed"]]
         before, after = passed[0], passed[final]
         diff, lo, hi = paired_diff_ci(before, after)

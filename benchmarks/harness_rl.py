@@ -1,28 +1,33 @@
-"""RL through a third-party harness (unmodified) on SmolLM2-135M-Instruct, function tasks, pass@1
-on the held-out split (issue 38): three rows per harness, each its own `shipyard` process.
+"""RL through a third-party harness (unmodified) on SmolLM2-135M-Instruct, function tasks (issue 38):
+candidates tuned on the validation split, the chosen one reported on the test split.
 
 ``--config`` names the shipped config: ``mini_swe`` (mini-swe-agent, bash tool), ``agents_sdk``
 (the OpenAI Agents SDK, function tools) or ``verifiers_env`` (a verifiers environment, its rubric
-the reward).
+the reward). The protocol (``shipyard.envs.tasks.splits``; the config sets ``tasks.test_frac``):
 
-1. base: ``shipyard eval configs/<config>.toml`` (the shipped model through the harness);
-2. warm start: ``shipyard warmstart configs/<config>.toml`` (the scripted expert's demonstrations
-   played through the harness, SFT), evaluated as the RL run's "before";
-3. RL: ``shipyard train configs/<config>.toml model.init_from=runs/warm/<config>`` (the config's
-   async GRPO steps), evaluated "after" on the same held-out tasks. RL's gain is measured over the
-   warm start (paired 95% CI of the difference); ``minutes`` is the RL run's wall time, evaluations
-   included.
+- ``--candidate NAME [--warm-set ...] [--set ...]``: one configuration, tuned on validation. The
+  warm start (``shipyard warmstart``: the scripted expert's demonstrations played through the
+  harness, SFT; ``--warm-set`` overrides it) into ``runs/warm/<config>_<NAME>``, then RL from it
+  (``shipyard train ... model.init_from=... eval.split=validation``, ``--set`` overrides it),
+  evaluated before and after on validation in the run. Recorded in
+  ``benchmarks/results/harness_tuning.json`` under ``<config>.<NAME>``: the overrides, validation
+  pass@1 before/after, the paired difference and its 95% interval, and the RL run's ``minutes``
+  (evaluations included; target <= 60).
+- ``--report NAME``: the candidate chosen on validation, scored once on the test split, tasks no
+  candidate was chosen on: ``shipyard eval`` of the shipped model (base), of the RL run's version 0
+  (the warm start) and of its final version (RL), the same test tasks each, one seeded sample per
+  task at the config's evaluation temperature, with the candidate's overrides of anything but its
+  training (``trainer.*``, ``warmstart.*``). RL's gain is measured over the warm start (paired
+  95% interval). Merges ``<prefix>_*`` into ``benchmarks/results/harness.json`` (``mini_swe``,
+  ``agents_sdk``, ``verifiers``; for mini-swe-agent also the issue's ``minutes``, the candidate's
+  RL run).
 
-Every evaluation samples one seeded answer per task at the sampling temperature (0.7) on the
-config's ``eval.heldout_n`` held-out tasks, never trained on (demonstrations come from the training
-split). Definitions, fixed before the runs: ``tool_call_parse_<row>`` is, over every reply of that
-row's evaluation that tried a tool call (the endpoint's ``tool_call_attempts``), the fraction whose
-call parsed; None where no reply tried one (a harness without tools, or a policy that never calls).
-``--collect`` reads the results of runs already made instead of running them. Merges the figures
-into benchmarks/results/harness.json under ``<prefix>_*`` (``mini_swe``, ``agents_sdk``,
-``verifiers``; ``harnesses.py`` keeps them), and for mini-swe-agent also the issue's ``minutes``.
+Definitions, fixed before the runs: ``tool_call_parse_<row>`` is, over every reply of that row's
+evaluation that tried a tool call (the endpoint's ``tool_call_attempts``), the fraction whose call
+parsed; None where no reply tried one (a harness without tools, or a policy that never calls).
 
-    python benchmarks/harness_rl.py --config mini_swe [--collect]
+    python benchmarks/harness_rl.py --config mini_swe --candidate e1 --warm-set warmstart.epochs=1 --set trainer.steps=28
+    python benchmarks/harness_rl.py --config mini_swe --report e1
 """
 
 from __future__ import annotations
@@ -32,87 +37,154 @@ from pathlib import Path
 from typing import Any
 
 from harness import parser, shipyard, table
+from shipyard.eval.stats import paired_diff_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = {"mini_swe": "mini_swe", "agents_sdk": "agents_sdk", "verifiers_env": "verifiers"}
 """Shipped config -> the prefix of its keys in harness.json."""
+LOGS = ROOT / "runs" / "logs"
 
 
-def commands(config: str) -> dict[str, list[str]]:
-    """The three rows' ``shipyard`` commands for ``configs/<config>.toml``."""
-    path = f"configs/{config}.toml"
-    base = ["eval", path, 'eval.suites=["heldout"]', f"eval.label={config}_base", "eval.temperature=0.7"]
+def _paths(config: str, cand: str) -> dict[str, str]:
+    return {
+        "warm": f"runs/warm/{config}_{cand}",
+        "run": f"{config}_rl_{cand}",
+        "results": f"runs/{config}_rl_{cand}_results",
+    }
+
+
+def tune(config: str, cand: str, warm_set: list[str], rl_set: list[str], out: Path) -> dict[str, Any]:
+    """Warm start and RL of one candidate, evaluated on validation; merged into harness_tuning.json."""
+    path, p = f"configs/{config}.toml", _paths(config, cand)
+    if not (ROOT / p["warm"] / "warmstart.json").is_file():
+        shipyard(
+            ["warmstart", path, f"warmstart.output_dir={p['warm']}", *warm_set], LOGS / f"{p['run']}_warm.log"
+        )
     train = [
         "train",
         path,
-        f"model.init_from=runs/warm/{config}",
-        f"run.name={config}_rl",
-        f"run.results_dir=runs/{config}_rl_results",
+        f"model.init_from={p['warm']}",
+        f"run.name={p['run']}",
+        f"run.results_dir={p['results']}",
     ]
-    return {"base": base, "warmstart": ["warmstart", path], "rl": train}
-
-
-def figures(config: str) -> dict[str, Any]:
-    """The rows of ``config``'s runs, read from their results, under its prefix."""
-    p = PREFIX[config]
-    base = json.loads((ROOT / f"benchmarks/results/eval_{config}_base.json").read_text())["heldout"]
-    warm = json.loads((ROOT / f"runs/warm/{config}/warmstart.json").read_text())
-    rl = json.loads((ROOT / f"runs/{config}_rl_results/demo.json").read_text())
-    out: dict[str, Any] = {
-        f"{p}_heldout_n": rl["heldout_n"],
-        f"{p}_heldout_base": base["pass1"],
-        f"{p}_heldout_before": rl["heldout_before"],
-        f"{p}_heldout_after": rl["heldout_after"],
-        f"{p}_diff": rl["heldout_diff"],
-        f"{p}_diff_ci95_low": rl["heldout_diff_ci95_low"],
-        f"{p}_diff_ci95_high": rl["heldout_diff_ci95_high"],
-        f"{p}_minutes": rl["minutes"],
-        f"{p}_warmstart_minutes": warm["seconds"] / 60,
-        f"{p}_warmstart_demos": warm["demos_kept"],
-        f"{p}_rl_steps": rl["steps"],
+    shipyard([*train, 'eval.split="validation"', *rl_set], LOGS / f"{p['run']}.log")
+    rl = json.loads((ROOT / p["results"] / "demo.json").read_text())
+    warm = json.loads((ROOT / p["warm"] / "warmstart.json").read_text())
+    assert rl["split"] == "validation", rl
+    row = {
+        "warm_set": warm_set,
+        "rl_set": rl_set,
+        "validation_n": rl["heldout_n"],
+        "validation_before": rl["heldout_before"],
+        "validation_after": rl["heldout_after"],
+        "validation_diff": rl["heldout_diff"],
+        "validation_diff_ci95_low": rl["heldout_diff_ci95_low"],
+        "validation_diff_ci95_high": rl["heldout_diff_ci95_high"],
+        "minutes": rl["minutes"],
+        "rl_steps": rl["steps"],
+        "warmstart_minutes": warm["seconds"] / 60,
     }
-    for row, extra in (("base", base), ("before", rl.get("before_extra")), ("after", rl.get("after_extra"))):
-        extra = extra or {}
-        out[f"{p}_tool_call_attempts_{row}"] = extra.get("tool_call_attempts")
-        out[f"{p}_tool_call_parse_{row}"] = extra.get("tool_call_parse_frac")
+    _merge(out / "harness_tuning.json", {config: {cand: row}}, deep=True)
+    return row
+
+
+def report(config: str, cand: str, out: Path) -> dict[str, Any]:
+    """Base, warm start and RL of candidate ``cand`` on the test split; the figures under the prefix."""
+    path, p, pre = f"configs/{config}.toml", _paths(config, cand), PREFIX[config]
+    rl = json.loads((ROOT / p["results"] / "demo.json").read_text())
+    tuned = json.loads((out / "harness_tuning.json").read_text())[config][cand]
+    # what the candidate changed beyond its training (sessions, sampling, tasks) holds for every row
+    same = [o for o in tuned["rl_set"] if not o.startswith(("trainer.", "warmstart."))]
+    common = ['eval.split="test"', 'eval.suites=["heldout"]', *same]
+    runs = {
+        "base": ["eval", path, *common, f"eval.label={config}_base_test", f"run.results_dir={p['results']}"],
+        **{
+            row: [
+                "eval",
+                path,
+                *common,
+                f"model.init_from={p['warm']}",
+                f"run.name={p['run']}",
+                f"eval.version={version}",
+                f"eval.label={row}_test",
+                f"run.results_dir={p['results']}",
+            ]
+            for row, version in (("warm", 0), ("rl", rl["steps"]))
+        },
+    }
+    res = {}
+    for row, cmd in runs.items():
+        label = next(a.split("=", 1)[1] for a in cmd if a.startswith("eval.label="))
+        file = ROOT / p["results"] / f"eval_{label}.json"
+        if not file.is_file():
+            shipyard(cmd, LOGS / f"{p['run']}_{row}_test.log")
+        res[row] = json.loads(file.read_text())["heldout"]
+        assert res[row]["split"] == "test" and res[row]["task_ids"] == res["base"]["task_ids"], row
+    diff, lo, hi = paired_diff_ci(
+        [float(x) for x in res["warm"]["passed"]], [float(x) for x in res["rl"]["passed"]]
+    )
+    warm = json.loads((ROOT / p["warm"] / "warmstart.json").read_text())
+    got: dict[str, Any] = {
+        f"{pre}_candidate": cand,
+        f"{pre}_split": "test",
+        f"{pre}_heldout_n": res["base"]["n"],
+        f"{pre}_heldout_base": res["base"]["pass1"],
+        f"{pre}_heldout_before": res["warm"]["pass1"],
+        f"{pre}_heldout_after": res["rl"]["pass1"],
+        f"{pre}_diff": diff,
+        f"{pre}_diff_ci95_low": lo,
+        f"{pre}_diff_ci95_high": hi,
+        f"{pre}_minutes": rl["minutes"],
+        f"{pre}_warmstart_minutes": warm["seconds"] / 60,
+        f"{pre}_warmstart_demos": warm["demos_kept"],
+        f"{pre}_rl_steps": rl["steps"],
+    }
+    for row, key in (("base", "base"), ("warm", "before"), ("rl", "after")):
+        got[f"{pre}_tool_call_attempts_{key}"] = res[row].get("tool_call_attempts")
+        got[f"{pre}_tool_call_parse_{key}"] = res[row].get("tool_call_parse_frac")
     if config == "mini_swe":
-        out["minutes"] = rl["minutes"]  # the issue's key for the mini-swe-agent run
-    return out
+        got["minutes"] = rl["minutes"]  # the issue's key for the mini-swe-agent run
+    _merge(out / "harness.json", got)
+    return got
+
+
+def _merge(path: Path, new: dict[str, Any], deep: bool = False) -> None:
+    """Merge ``new`` into the JSON at ``path`` (one level deeper with ``deep``), atomically."""
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for k, v in new.items():
+        current[k] = {**current.get(k, {}), **v} if deep else v
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(current, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"merged into {path}")
 
 
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--config", choices=sorted(PREFIX), default="mini_swe", help="the shipped harness config")
-    ap.add_argument("--collect", action="store_true", help="read the results of runs already made")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--candidate", help="tune this candidate on validation")
+    what.add_argument("--report", help="score this candidate (chosen on validation) on the test split")
+    ap.add_argument("--warm-set", nargs="*", default=[], help="dotted overrides of the warm start")
+    ap.add_argument("--set", dest="rl_set", nargs="*", default=[], help="dotted overrides of the RL run")
     args = ap.parse_args()
-    logs = ROOT / "runs" / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    if not args.collect:
-        for row, cmd in commands(args.config).items():
-            shipyard(cmd, logs / f"{args.config}_{row}.log")
-    got = figures(args.config)
-    p = PREFIX[args.config]
+    LOGS.mkdir(parents=True, exist_ok=True)
+    if args.candidate:
+        row = tune(args.config, args.candidate, args.warm_set, args.rl_set, args.out)
+        table(f"{args.config} candidate {args.candidate}: validation", {args.candidate: row})
+        return
+    got = report(args.config, args.report, args.out)
+    pre = PREFIX[args.config]
     table(
-        f"{args.config}: held-out pass@1 (n={got[f'{p}_heldout_n']})",
+        f"{args.config}, candidate {args.report}: test split pass@1 (n={got[f'{pre}_heldout_n']})",
         {
             row: {
-                "pass@1": got[f"{p}_heldout_{key}"],
-                "tool-call parse": got[f"{p}_tool_call_parse_{key}"],
-                "minutes": minutes,
+                "pass@1": got[f"{pre}_heldout_{key}"],
+                "tool-call parse": got[f"{pre}_tool_call_parse_{key}"],
             }
-            for row, key, minutes in (
-                ("base", "base", None),
-                ("warm start", "before", got[f"{p}_warmstart_minutes"]),
-                ("RL", "after", got[f"{p}_minutes"]),
-            )
+            for row, key in (("base", "base"), ("warm start", "before"), ("RL", "after"))
         },
     )
-    path = args.out / "harness.json"
-    current = json.loads(path.read_text()) if path.exists() else {}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**current, **got}, indent=1) + "\n")
-    tmp.replace(path)
-    print(f"merged into {path}: {got}")
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def test_function_heldout_never_silently_shrinks() -> None:
     assert len(heldout_tasks(cfg, "function", 10)) == 10
     with pytest.raises(
         ValueError,
-        match=r"eval.heldout_n=11 but the held-out split has 10 tasks .* raise tasks.num_generated",
+        match=r"eval.heldout_n=11 but the validation split has 10 tasks .* raise tasks.num_generated",
     ):
         heldout_tasks(cfg, "function", 11)
 

@@ -226,7 +226,7 @@ def test_evals_come_with_their_intervals(tiny_run, tmp_path: Path) -> None:
     after_passed[:5] = [0] * 5
     (copy / "eval_after.json").write_text(json.dumps({"task_ids": ["a"] * 100, "passed": after_passed}))
     _, after, diff = RunReader(copy).evals()
-    assert after["value"] == 0.7 and diff["name"] == "held-out difference (paired)"
+    assert after["value"] == 0.7 and diff["name"] == "held-out (validation) difference (paired)"
     expected = paired_diff_ci([1.0] * 60 + [0.0] * 40, [float(p) for p in after_passed])
     assert (diff["value"], diff["low"], diff["high"]) == pytest.approx(expected) and expected[
         0

@@ -401,7 +401,17 @@ class TasksConfig(_Section):
     seed: int = 1234
     """Seed of the generated task set."""
     heldout_frac: float = Field(0.25, gt=0, lt=1)
-    """Fraction of generated tasks held out for evaluation."""
+    """Fraction of the first `num_generated` tasks held out of training: the validation split, the one
+    to tune on (`eval.split`)."""
+    test_frac: float = Field(0.0, ge=0, lt=1)
+    """Fraction of the tasks left out of validation that form the test split, the one only reported
+    (`eval.split = "test"`; split per difficulty as validation is, seeded by `seed`): tasks no
+    configuration was chosen on. 0: no test split. `set = "functions"` only."""
+    unseen_families: int = Field(0, ge=0)
+    """Function families (of difficulty <= `max_difficulty`) held out of training entirely, drawn per
+    difficulty in turn by a shuffle seeded with `seed`: none of their tasks is trained on, and their
+    held-out tasks form the `unseen_families` evaluation suite (generalization beyond renamed
+    instances of trained families). `set = "functions"` only; 0: every family is trained on."""
     max_difficulty: int = Field(5, ge=1, le=5)
     """Highest difficulty level (1-5) of the run's tasks, training and held-out alike."""
     set: Literal["functions", "long"] = "functions"
@@ -820,11 +830,22 @@ class MidtrainConfig(_Section):
 
 class EvalConfig(_Section):
     heldout_n: int = Field(120, ge=1)
-    """Held-out generated tasks evaluated before and after training."""
+    """Held-out generated tasks (of `split`) evaluated before and after training, and by the `heldout` suite."""
     humaneval_n: int = Field(164, ge=1, le=164)
     """HumanEval problems evaluated by `shipyard eval`."""
-    suites: list[Literal["humaneval", "heldout", "db", "repo", "files"]] = ["humaneval", "heldout"]
-    """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`), held-out
+    split: Literal["validation", "test"] = "validation"
+    """Which held-out generated tasks the `heldout` and `unseen_families` suites (and a training run's
+    before/after evaluation) draw from: `validation` (`tasks.heldout_frac`), to tune on; `test`
+    (`tasks.test_frac`), to report a configuration chosen on validation (`shipyard.envs.tasks.splits`)."""
+    unseen_n: int = Field(50, ge=1)
+    """Tasks of the `unseen_families` suite: tasks of the `tasks.unseen_families` families, which training
+    never sees, from `split` (validation: its own; test: every other task of theirs)."""
+    suites: list[Literal["humaneval", "heldout", "unseen_families", "db", "repo", "files"]] = [
+        "humaneval",
+        "heldout",
+    ]
+    """What `shipyard eval` evaluates: HumanEval, the held-out generated tasks (`tasks.set`, `eval.split`),
+    the tasks of the families training never sees (`unseen_families`, `eval.unseen_n`), held-out
     database (`db`, `db_n` tasks) and repository (`repo`, `repo_n` tasks) tasks that training never sees
     (`shipyard.envs.tasks.splits.heldout_tasks`; `db` needs the PostgreSQL server binaries), and
     `files`: every task of your own task files (`eval.files`)."""
@@ -1297,8 +1318,25 @@ class ShipyardConfig(_Section):
     anticheat: AntiCheatConfig = AntiCheatConfig()
     """Reward-hacking detectors and canary tasks."""
 
+    def _check_splits(self) -> None:
+        t, e = self.tasks, self.eval
+        if t.set != "functions" and (t.test_frac or t.unseen_families):
+            raise ValueError(
+                f"tasks.test_frac={t.test_frac} and tasks.unseen_families={t.unseen_families} need "
+                f'tasks.set="functions" (got {t.set!r}): set them to 0'
+            )
+        if e.split == "test" and not t.test_frac:
+            raise ValueError(
+                'eval.split="test" but tasks.test_frac = 0: no test split; set tasks.test_frac (e.g. 0.5)'
+            )
+        if "unseen_families" in e.suites and not t.unseen_families:
+            raise ValueError(
+                'eval.suites has "unseen_families" but tasks.unseen_families = 0: hold some families out (e.g. 8)'
+            )
+
     @model_validator(mode="after")
     def _check(self) -> ShipyardConfig:
+        self._check_splits()
         if self.model.source == "hf" and not self.model.path:
             raise ValueError("model.path must be set when model.source = 'hf' (an HF-format directory)")
         if self.trainer.groups_per_step % self.rollout.num_workers:

@@ -50,6 +50,10 @@ class Task:
     """``db`` tasks: check name -> SQL returning one boolean, run by the grader outside the sandbox."""
     protected: list[str] = field(default_factory=list)
     """Glob patterns of files restored from ``files`` before grading (tests, conftest, configuration)."""
+    family: str = ""
+    """The family a generated function task is an instance of (``Family.key`` of
+    :mod:`shipyard.envs.tasks.function_families`: tasks of one family differ by names, constants and
+    inputs); "" for other tasks, unless a task file sets it (free text, for your own bookkeeping)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,7 +4,9 @@ Contract: loads the configured base model, optionally swaps in ``eval.version`` 
 (verified), runs the policy in an in-process embedded engine, and evaluates the suites of
 ``eval.suites`` with the training harness: ``eval.humaneval_n`` HumanEval problems,
 ``eval.heldout_n`` held-out generated tasks, ``eval.db_n`` / ``eval.repo_n`` held-out db and
-repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on), and the tasks of
+repo tasks (:func:`shipyard.envs.tasks.splits.heldout_tasks`: none trained on; the generated ones
+of ``eval.split``), ``eval.unseen_n`` tasks of the families training never sees (the
+``unseen_families`` suite, ``tasks.unseen_families``), and the tasks of
 your own files (``eval.files``, the ``files`` suite, :func:`file_tasks`). db, repo and file-suite
 sessions run through an :class:`~shipyard.envs.environment.Environment` (PostgreSQL clones,
 squashed repositories, anti-cheat flags) whose reward is the hidden tests alone, so pass@1 means
@@ -23,13 +25,15 @@ from rich.console import Console
 
 from shipyard.agent.spec import session_spec
 from shipyard.config.schema import RewardsConfig, ShipyardConfig
-from shipyard.envs.tasks.splits import heldout_tasks
+from shipyard.envs.tasks.splits import heldout_tasks, unseen_family_tasks
 from shipyard.envs.types import Task
 from shipyard.eval.evaluate import evaluate
 from shipyard.metrics.progress import StepBar
 
 ENV_SUITES = ("db", "repo", "files")
 """Suites whose sessions run through the environment (services, repositories, their graders)."""
+SPLIT_SUITES = ("heldout", "unseen_families")
+"""Suites drawn from ``eval.split`` (validation or test, :mod:`shipyard.envs.tasks.splits`)."""
 
 console = Console()
 
@@ -44,6 +48,9 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
     suites = {
         "humaneval": humaneval_tasks(cfg.eval.humaneval_n) if "humaneval" in cfg.eval.suites else [],
         "heldout": heldout_tasks(cfg, "function", cfg.eval.heldout_n) if "heldout" in cfg.eval.suites else [],
+        "unseen_families": unseen_family_tasks(cfg, cfg.eval.unseen_n)
+        if "unseen_families" in cfg.eval.suites
+        else [],
         "db": heldout_tasks(cfg, "db", cfg.eval.db_n) if "db" in cfg.eval.suites else [],
         "repo": heldout_tasks(cfg, "repo", cfg.eval.repo_n) if "repo" in cfg.eval.suites else [],
         "files": file_tasks(cfg) if "files" in cfg.eval.suites else [],
@@ -72,6 +79,7 @@ def run_eval(cfg: ShipyardConfig) -> dict[str, Any]:
             "pass1": res.pass_rate,
             "ci95": [lo, hi],
             "version": cfg.eval.version,
+            "split": cfg.eval.split if name in SPLIT_SUITES else None,
             "task_ids": res.task_ids,
             "errors": res.errors,
             "passed": res.passed,

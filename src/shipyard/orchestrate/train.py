@@ -1,12 +1,12 @@
 """`shipyard train`: the driver of a run — place components, evaluate, watch, evaluate, report.
 
 Contract: starts the inference servers, evaluates the base policy on ``eval.heldout_n``
-held-out tasks (once per run directory: a resumed run reuses ``eval_before.json``), starts the
+held-out tasks of ``eval.split`` (once per run directory: a resumed run reuses ``eval_before.json``), starts the
 trainer and rollout workers, shows live progress until the trainer finishes, stops rollout
 generation, waits for the servers to adopt the final version, evaluates again on the same
 tasks (per task in ``run_dir/eval_after.json``), and writes ``run_dir/summary.json``, ``run_dir/reward.png`` and
 ``<results_dir>/demo.json`` (``heldout_n``, ``heldout_before``, ``heldout_after``,
-``heldout_diff``, ``heldout_diff_ci95_low/high``, ``minutes``, and each evaluation's ``extra``
+``heldout_diff``, ``heldout_diff_ci95_low/high``, ``split`` (``eval.split``), ``minutes``, and each evaluation's ``extra``
 as ``before_extra`` / ``after_extra``: turns, and a command harness's tool-call parse rate). Rerunning the same command after a
 crash resumes the trainer from its last checkpoint.
 
@@ -101,6 +101,11 @@ def _eval_once(
     if path.is_file():
         d = json.loads(path.read_text())
         console.print(f"[dim]reusing {path} (pass@1 {sum(d['passed'])}/{len(d['passed'])})")
+        if d["task_ids"] != [t.id for t in tasks]:
+            raise ValueError(
+                f"{path} scored other tasks than this run evaluates (eval.split={cfg.eval.split!r}, "
+                f"eval.heldout_n={cfg.eval.heldout_n}): set them back, or start a new run (run.name)"
+            )
         if (samples := d.get("samples", 1)) != cfg.eval.samples_per_task:
             raise ValueError(
                 f"{path} holds {samples} sample(s) per task but eval.samples_per_task = "
@@ -182,6 +187,7 @@ def _report(
         diff, lo, hi = paired_diff_ci([float(p) for p in before.passed], [float(p) for p in after.passed])
         summary["demo"] = {
             "heldout_n": before.n,
+            "split": cfg.eval.split,
             "samples_per_task": before.samples,
             "heldout_before": before.pass_rate,
             "heldout_after": after.pass_rate,
@@ -198,7 +204,7 @@ def _report(
         results.mkdir(parents=True, exist_ok=True)
         (results / "demo.json").write_text(json.dumps(summary["demo"], indent=1) + "\n")
         console.print(
-            f"[bold]held-out pass@1: {before.pass_rate:.3f} → {after.pass_rate:.3f} "
+            f"[bold]held-out ({cfg.eval.split}) pass@1: {before.pass_rate:.3f} → {after.pass_rate:.3f} "
             f"(diff {diff:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}], n={before.n})"
         )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -198,31 +198,33 @@ class RunReader:
 
     def evals(self) -> list[dict[str, Any]]:
         """Held-out evaluations with their 95% intervals (Wilson for a rate, paired for a difference):
-        ``eval_before.json`` and ``eval_after.json`` per task, else the after figures of ``summary.json``."""
+        ``eval_before.json`` and ``eval_after.json`` per task, else the after figures of ``summary.json``;
+        each named with the split it scored (``eval.split`` of the run's ``config.json``)."""
         out = []
+        held = (
+            f"held-out ({((self._json('config.json') or {}).get('eval') or {}).get('split', 'validation')})"
+        )
         before, after = self._json("eval_before.json"), self._json("eval_after.json")
         for label, res in (("before", before), ("after", after)):
             if res is not None and res.get("passed"):
                 k, n = sum(res["passed"]), len(res["passed"])
                 lo, hi = wilson_ci(k, n)
-                out.append(
-                    {"name": f"held-out pass@1 {label}", "n": n, "value": k / n, "low": lo, "high": hi}
-                )
+                out.append({"name": f"{held} pass@1 {label}", "n": n, "value": k / n, "low": lo, "high": hi})
         if before and after and before.get("task_ids") == after.get("task_ids"):
             diff, lo, hi = paired_diff_ci(
                 [float(p) for p in before["passed"]], [float(p) for p in after["passed"]]
             )
             n = len(before["passed"])
-            out.append({"name": "held-out difference (paired)", "n": n, "value": diff, "low": lo, "high": hi})
+            out.append({"name": f"{held} difference (paired)", "n": n, "value": diff, "low": lo, "high": hi})
             return out
         demo = (self._json("summary.json") or {}).get("demo")
         if demo is not None:
             n, rate = demo["heldout_n"], demo["heldout_after"]
             lo, hi = wilson_ci(round(rate * n), n)
-            out.append({"name": "held-out pass@1 after", "n": n, "value": rate, "low": lo, "high": hi})
+            out.append({"name": f"{held} pass@1 after", "n": n, "value": rate, "low": lo, "high": hi})
             out.append(
                 {
-                    "name": "held-out difference (paired)",
+                    "name": f"{held} difference (paired)",
                     "n": n,
                     "value": demo["heldout_diff"],
                     "low": demo["heldout_diff_ci95_low"],

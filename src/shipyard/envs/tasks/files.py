@@ -57,6 +57,7 @@ _TYPES: dict[str, str] = {
     "setup": _MAP,
     "hidden_checks": _MAP,
     "protected": _LIST,
+    "family": _STR,
     "repo": _STR,
 }
 """Every field a task may have, with its type as the error messages name it."""

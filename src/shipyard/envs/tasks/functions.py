@@ -112,6 +112,7 @@ def _task(v: Variant, family: Family, index: int) -> Task | None:
         difficulty=family.difficulty,
         source="generated",
         reference=v.body,
+        family=family.key,
     )
 
 
