@@ -15,7 +15,7 @@ Pooled over the seeds, each suite's difference has a 95% interval clustered by t
 samples the same tasks, so a task's pairs are not independent). `--set` adds overrides (the
 ablations of docs/benchmarks.md use it with a `--name` of their own, and `eval.split=validation`
 to tune); `--no-suites` skips the two suites; `--reuse` reads finished runs instead of running
-them again.
+them again (and makes only the suites' evaluations still missing).
 
     python benchmarks/demo_seeds.py                       # 3 fresh seeds (~20 + 12 min each)
     python benchmarks/demo_seeds.py --seeds 0 --no-suites --set eval.split=validation eval.heldout_n=170 \
@@ -61,15 +61,16 @@ def run_seed(config: Path, name: str, seed: int, overrides: list[str], log: Path
 
 
 def eval_suites(config: Path, name: str, steps: int, overrides: list[str]) -> None:
-    """``shipyard eval`` of run ``name``'s version 0 and version ``steps`` on :data:`SUITES` (kept
-    when already written)."""
-    for label, version in (("v0", 0), ("final", steps)):
+    """``shipyard eval`` of run ``name``'s base model (its version 0: the store keeps only recent
+    versions) and its version ``steps`` on :data:`SUITES` (kept when already written)."""
+    for label, version in (("v0", None), ("final", steps)):
         path = ROOT / "runs" / name / f"eval_{label}.json"
         if path.is_file() and all(
             json.loads(path.read_text()).get(s, {}).get("version") == version for s in SUITES
         ):
             continue
-        args = ["eval", str(config), f"run.name={name}", f"eval.version={version}", f"eval.label={label}"]
+        args = ["eval", str(config), f"run.name={name}", f"eval.label={label}"]
+        args += [f"eval.version={version}"] if version is not None else []
         args += [f"eval.suites={json.dumps(list(SUITES))}", f'run.results_dir="{ROOT / "runs" / name}"']
         harness.shipyard([*args, *overrides], Path(f"/tmp/{name}_eval_{label}.log"))
 
@@ -147,8 +148,7 @@ def main() -> int:
             run_seed(config, run_name, seed, overrides, Path(f"/tmp/{run_name}.log"))
         runs.append(read_run(run_name, seed))
         if not args.no_suites:
-            if not args.reuse:
-                eval_suites(config, run_name, int(runs[-1]["steps"]), overrides)
+            eval_suites(config, run_name, int(runs[-1]["steps"]), overrides)
             suites.append(suite_rows(run_name))
             for suite, row in suites[-1].items():
                 p1 = pooled([row])

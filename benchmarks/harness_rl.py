@@ -14,8 +14,8 @@ the reward). The protocol (``shipyard.envs.tasks.splits``; the config sets ``tas
   pass@1 before/after, the paired difference and its 95% interval, and the RL run's ``minutes``
   (evaluations included; target <= 60).
 - ``--report NAME``: the candidate chosen on validation, scored once on the test split, tasks no
-  candidate was chosen on: ``shipyard eval`` of the shipped model (base), of the RL run's version 0
-  (the warm start) and of its final version (RL), the same test tasks each, one seeded sample per
+  candidate was chosen on: ``shipyard eval`` of the shipped model (base), of the warm start (the RL
+  run's version 0) and of the RL run's final version, the same test tasks each, one seeded sample per
   task at the config's evaluation temperature, with the candidate's overrides of anything but its
   training (``trainer.*``, ``warmstart.*``). RL's gain is measured over the warm start (paired
   95% interval). Merges ``<prefix>_*`` into ``benchmarks/results/harness.json`` (``mini_swe``,
@@ -105,7 +105,7 @@ def report(config: str, cand: str, out: Path) -> dict[str, Any]:
                 *common,
                 f"model.init_from={p['warm']}",
                 f"run.name={p['run']}",
-                f"eval.version={version}",
+                *([f"eval.version={version}"] if version else []),  # 0: the warm start itself
                 f"eval.label={row}_test",
                 f"run.results_dir={p['results']}",
             ]
