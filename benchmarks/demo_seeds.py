@@ -15,9 +15,9 @@ Pooled over the seeds, each suite's difference has a 95% interval clustered by t
 samples the same tasks, so a task's pairs are not independent). `--set` adds overrides (the
 ablations of docs/benchmarks.md use it with a `--name` of their own, and `eval.split=validation`
 to tune); `--no-suites` skips the two suites; `--reuse` reads finished runs instead of running
-them again (and makes only the suites' evaluations still missing).
+them again (and makes only the runs and the suites' evaluations still missing).
 
-    python benchmarks/demo_seeds.py                       # 3 fresh seeds (~20 + 12 min each)
+    python benchmarks/demo_seeds.py                       # 3 fresh seeds (~15 + 19 min each)
     python benchmarks/demo_seeds.py --seeds 0 --no-suites --set eval.split=validation eval.heldout_n=170 \
         trainer.steps=28 --name demo_ablation_steps28     # tuning: validation only
     python benchmarks/demo_seeds.py --quick               # the wiring, on the tiny model (~2 min)
@@ -132,7 +132,7 @@ def main() -> int:
     p.add_argument("--no-suites", action="store_true", help="skip the unseen-families and HumanEval suites")
     p.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted overrides for every run")
     p.add_argument("--name", default="demo_seeds", help="results name and run-name prefix")
-    p.add_argument("--reuse", action="store_true", help="read finished runs instead of running them")
+    p.add_argument("--reuse", action="store_true", help="read finished runs, make only what is missing")
     args = p.parse_args()
     config = ROOT / ("configs/tiny.toml" if args.quick else "configs/demo.toml")
     overrides = (QUICK if args.quick else []) + args.overrides
@@ -144,7 +144,7 @@ def main() -> int:
     runs, suites = [], []
     for seed in args.seeds:
         run_name = f"{name}_s{seed}"
-        if not args.reuse:
+        if not (args.reuse and (ROOT / "runs" / run_name / "summary.json").is_file()):
             run_seed(config, run_name, seed, overrides, Path(f"/tmp/{run_name}.log"))
         runs.append(read_run(run_name, seed))
         if not args.no_suites:

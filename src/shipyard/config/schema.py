@@ -864,7 +864,8 @@ class EvalConfig(_Section):
     that passed. Above 1 (with `temperature` > 0) a paired before/after difference averages out
     each task's sampling noise, at `samples_per_task` times the evaluation's cost."""
     version: int | None = None
-    """Weight version in the store to evaluate (none = the configured base model)."""
+    """Weight version in the store to evaluate (none or 0 = the configured base model, with
+    `model.init_from`: what a run publishes as its version 0)."""
     label: str = "base"
     """Name of this evaluation in `humaneval.json` (written as `<label>_pass1`)."""
 

@@ -116,13 +116,14 @@ def file_tasks(cfg: ShipyardConfig) -> list[Task]:
 
 
 def _engine(cfg: ShipyardConfig) -> tuple[Any, Any]:
-    """An in-process engine holding ``eval.version`` of the run ``run.name`` (None: the base model)."""
+    """An in-process engine holding ``eval.version`` of the run ``run.name`` (None or 0: the base model,
+    which a run publishes as its version 0 and its store does not keep once newer versions replace it)."""
     from shipyard.inference.backends.embedded import build_engine
     from shipyard.store.run import open_run
     from shipyard.weights.snapshot import load_version
 
     engine, tok = build_engine(cfg)
-    if cfg.eval.version is not None:  # a version of the run named run.name, from that run's store only
+    if cfg.eval.version:  # a version of the run named run.name, from that run's store only
         store = open_run(cfg.store, cfg.run.name)
         engine.stage_weights(cfg.eval.version, load_version(store, cfg.eval.version))
         engine.apply_pending()
