@@ -183,11 +183,12 @@ def test_runs_are_disjoint_on_s3_and_the_mirror_keeps_the_identity(
 def test_the_before_evaluation_scores_only_the_runs_own_base(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """A run whose store already holds a trained version (resumed) and no eval_before.json does not
     score whatever the servers follow as its "before": it says so and skips the comparison; a run
-    with its eval_before.json reuses it."""
+    with its eval_before.json reuses it, unless it scored other tasks."""
     import json
 
     import torch
 
+    from shipyard.envs.types import Task
     from shipyard.orchestrate.train import _eval_once
     from shipyard.weights.publisher import WeightPublisher
 
@@ -200,5 +201,9 @@ def test_the_before_evaluation_scores_only_the_runs_own_base(tmp_path: Path, cap
     assert "skipped: this run resumed at version 1" in capsys.readouterr().out.replace("\n", " ")
     saved = {"task_ids": ["a"], "passed": [1], "rewards": [1.0], "errors": 0}
     (tmp_path / "eval_before.json").write_text(json.dumps(saved))
-    reused = _eval_once(tmp_path / "eval_before.json", None, [], cfg, store)
+    tasks = [Task(id="a", prompt="p", entry_point="f")]
+    reused = _eval_once(tmp_path / "eval_before.json", None, tasks, cfg, store)
     assert reused is not None and reused.passed == [1]
+    other = [Task(id="b", prompt="p", entry_point="f")]  # e.g. eval.split changed since it was written
+    with pytest.raises(ValueError, match="scored other tasks than this run evaluates"):
+        _eval_once(tmp_path / "eval_before.json", None, other, cfg, store)
