@@ -36,8 +36,8 @@ def main() -> int:
     for temp in args.temperatures:
         passed = {}
         for version in (0, final):
-            # the run's own config (its tasks and split); version 0: the base model itself
-            ev = {"temperature": temp, "version": version or None, "suites": ["heldout"], "heldout_n": n}
+            # the run's own config (its tasks and split); version 0 is the base model itself
+            ev = {"temperature": temp, "version": version, "suites": ["heldout"], "heldout_n": n}
             inference = {**resolved["inference"], "threads": 2}
             cfg = ShipyardConfig.model_validate(
                 {**resolved, "eval": {**resolved["eval"], **ev}, "inference": inference}

@@ -201,9 +201,7 @@ class RunReader:
         ``eval_before.json`` and ``eval_after.json`` per task, else the after figures of ``summary.json``;
         each named with the split it scored (``eval.split`` of the run's ``config.json``)."""
         out = []
-        held = (
-            f"held-out ({((self._json('config.json') or {}).get('eval') or {}).get('split', 'validation')})"
-        )
+        held = f"held-out ({((self.config() or {}).get('eval') or {}).get('split', 'validation')})"
         before, after = self._json("eval_before.json"), self._json("eval_after.json")
         for label, res in (("before", before), ("after", after)):
             if res is not None and res.get("passed"):

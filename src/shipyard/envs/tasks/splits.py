@@ -147,7 +147,8 @@ def heldout_tasks(cfg: ShipyardConfig, kind: str, n: int) -> list[Task]:
     if kind == "function":
         splits = _splits(cfg)
         held = splits.test if cfg.eval.split == "test" else splits.validation
-        return _first(cfg, held, n, "eval.heldout_n", "of the trained families", "tasks.heldout_frac")
+        knob = "tasks.test_frac" if cfg.eval.split == "test" else "tasks.heldout_frac"
+        return _first(cfg, held, n, "eval.heldout_n", "of the trained families", knob)
     if kind == "db":
         from shipyard.envs.tasks.db import db_tasks
 
