@@ -13,11 +13,13 @@ the reward). The protocol (``shipyard.envs.tasks.splits``; the config sets ``tas
   ``benchmarks/results/harness_tuning.json`` under ``<config>.<NAME>``: the overrides, validation
   pass@1 before/after, the paired difference and its 95% interval, and the RL run's ``minutes``
   (evaluations included; target <= 60).
-- ``--report NAME``: the candidate chosen on validation, scored once on the test split, tasks no
-  candidate was chosen on: ``shipyard eval`` of the shipped model (base), of the warm start (the RL
-  run's version 0) and of the RL run's final version, the same test tasks each, one seeded sample per
-  task at the config's evaluation temperature, with the candidate's overrides of anything but its
-  training (``trainer.*``, ``warmstart.*``). RL's gain is measured over the warm start (paired
+- ``--report NAME [--test-n N]``: the candidate chosen on validation, scored once on the test
+  split, tasks no candidate was chosen on: ``shipyard eval`` of the shipped model (base), of the warm
+  start (the RL run's version 0) and of the RL run's final version, the same first ``N`` test tasks
+  each (default: the config's ``eval.heldout_n``; a larger ``N`` narrows the interval and is chosen
+  before the test run, never after), one seeded sample per task at the config's evaluation
+  temperature, with the candidate's overrides of anything but its training (``trainer.*``,
+  ``warmstart.*``). RL's gain is measured over the warm start (paired
   95% interval). Merges ``<prefix>_*`` into ``benchmarks/results/harness.json`` (``mini_swe``,
   ``agents_sdk``, ``verifiers``; for mini-swe-agent also the issue's ``minutes``, the candidate's
   RL run).
@@ -27,7 +29,7 @@ evaluation that tried a tool call (the endpoint's ``tool_call_attempts``), the f
 parsed; None where no reply tried one (a harness without tools, or a policy that never calls).
 
     python benchmarks/harness_rl.py --config mini_swe --candidate e1 --warm-set warmstart.epochs=1 --set trainer.steps=28
-    python benchmarks/harness_rl.py --config mini_swe --report e1
+    python benchmarks/harness_rl.py --config mini_swe --report e1 --test-n 200
 """
 
 from __future__ import annotations
@@ -88,14 +90,16 @@ def tune(config: str, cand: str, warm_set: list[str], rl_set: list[str], out: Pa
     return row
 
 
-def report(config: str, cand: str, out: Path) -> dict[str, Any]:
-    """Base, warm start and RL of candidate ``cand`` on the test split; the figures under the prefix."""
+def report(config: str, cand: str, out: Path, test_n: int | None = None) -> dict[str, Any]:
+    """Base, warm start and RL of candidate ``cand`` on the first ``test_n`` tasks of the test split
+    (the config's ``eval.heldout_n`` when None); the figures under the prefix."""
     path, p, pre = f"configs/{config}.toml", _paths(config, cand), PREFIX[config]
     rl = json.loads((ROOT / p["results"] / "demo.json").read_text())
     tuned = json.loads((out / "harness_tuning.json").read_text())[config][cand]
     # what the candidate changed beyond its training (sessions, sampling, tasks) holds for every row
     same = [o for o in tuned["rl_set"] if not o.startswith(("trainer.", "warmstart."))]
     common = ['eval.split="test"', 'eval.suites=["heldout"]', *same]
+    common += [f"eval.heldout_n={test_n}"] if test_n else []
     runs = {
         "base": ["eval", path, *common, f"eval.label={config}_base_test", f"run.results_dir={p['results']}"],
         **{
@@ -119,6 +123,10 @@ def report(config: str, cand: str, out: Path) -> dict[str, Any]:
         if not file.is_file():
             shipyard(cmd, LOGS / f"{p['run']}_{row}_test.log")
         res[row] = json.loads(file.read_text())["heldout"]
+        if test_n and res[row]["n"] != test_n:
+            raise SystemExit(
+                f"{file} scored {res[row]['n']} test tasks, not --test-n {test_n}: remove it to rescore"
+            )
         assert res[row]["split"] == "test" and res[row]["task_ids"] == res["base"]["task_ids"], row
     diff, lo, hi = paired_diff_ci(
         [float(x) for x in res["warm"]["passed"]], [float(x) for x in res["rl"]["passed"]]
@@ -167,13 +175,16 @@ def main() -> None:
     what.add_argument("--report", help="score this candidate (chosen on validation) on the test split")
     ap.add_argument("--warm-set", nargs="*", default=[], help="dotted overrides of the warm start")
     ap.add_argument("--set", dest="rl_set", nargs="*", default=[], help="dotted overrides of the RL run")
+    ap.add_argument(
+        "--test-n", type=int, default=None, help="test tasks for --report (the config's eval.heldout_n)"
+    )
     args = ap.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
     if args.candidate:
         row = tune(args.config, args.candidate, args.warm_set, args.rl_set, args.out)
         table(f"{args.config} candidate {args.candidate}: validation", {args.candidate: row})
         return
-    got = report(args.config, args.report, args.out)
+    got = report(args.config, args.report, args.out, args.test_n)
     pre = PREFIX[args.config]
     table(
         f"{args.config}, candidate {args.report}: test split pass@1 (n={got[f'{pre}_heldout_n']})",

@@ -12,13 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from shipyard.agent.demonstrate import SUMMARY_LEAD, LongTaskExpert, demonstrations
+from shipyard.agent.demonstrate import (
+    SUBMIT,
+    SUMMARY_LEAD,
+    FunctionToolExpert,
+    LongTaskExpert,
+    demonstrations,
+)
 from shipyard.agent.spec import session_spec
 from shipyard.agent.types import Trajectory
 from shipyard.cli import main
 from shipyard.config import load_config
 from shipyard.config.schema import ModelConfig
 from shipyard.envs.sandbox import sandbox_available
+from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.envs.tasks.long import RULES, long_tasks, read_rule, solution_from_rules
 from shipyard.models.loading import load_model
 from shipyard.orchestrate.warmstart import _save
@@ -69,6 +76,27 @@ def demo() -> tuple[object, list[list[Trajectory]]]:
 
 
 @needs_sandbox
+def test_the_function_expert_answers_each_harness_protocol_from_its_context() -> None:
+    """Tools in the prompt: a Hermes call (bash heredoc, or write_file), then the finish; mini-swe-agent's
+    text mode (its submission line in the prompt, no tools): one bash block that writes and submits;
+    anything else: the solution in a python block."""
+    task = next(t for t in generated_tasks(20, seed=1234) if t.reference)
+    expert, ref = FunctionToolExpert(task, tokenizer=None), task.reference
+
+    def tools(*names: str) -> str:
+        return "<tools>\n" + "\n".join(json.dumps({"name": n}) for n in names) + "\n</tools>"
+
+    call = json.loads(expert.reply(tools("bash")).split("\n")[1])
+    assert call == {"name": "bash", "arguments": {"command": f"cat > solution.py <<'EOF'\n{ref}EOF"}}
+    done = json.loads(expert.reply(tools("bash") + "<tool_response>ok").split("\n")[1])
+    assert done["arguments"]["command"] == f"echo {SUBMIT}"
+    assert json.loads(expert.reply(tools("write_file")).split("\n")[1])["arguments"]["content"] == ref
+    text = expert.reply(f"Write solution.py, then echo {SUBMIT}")
+    assert text == f"```bash\ncat > solution.py <<'EOF'\n{ref}EOF\necho {SUBMIT}\n```"
+    assert re.fullmatch(r"```bash\s*\n(.*?)\n```", text, re.S), "mini-swe-agent's action_regex reads it"
+    assert expert.reply("Write the function.") == f"```python\n{ref}```"
+
+
 def test_expert_sessions_read_each_module_once_summarize_and_pass(demo) -> None:
     spec, sessions = demo
     assert len(sessions) == 3, "every demonstration passed the hidden tests"

@@ -25,7 +25,12 @@ from shipyard.envs.tasks.functions import generated_tasks
 from shipyard.inference.serving.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {"mini_swe": "mini_swe.toml", "agents_sdk": "agents_sdk.toml", "verifiers": "verifiers_env.toml"}
+CONFIGS = {
+    "mini_swe": "mini_swe.toml",
+    "mini_swe_text": "mini_swe.toml",  # its text action mode, examples/harnesses/mini_swe_agent/mini_text.yaml
+    "agents_sdk": "agents_sdk.toml",
+    "verifiers": "verifiers_env.toml",
+}
 TASK = generated_tasks(20, seed=1234)[3]
 
 
@@ -41,11 +46,16 @@ def _spec(server: InferenceServer, tok: Any, name: str) -> SessionSpec:
         cfg = load_config(str(ROOT / "configs" / CONFIGS[name]))
     finally:
         os.chdir(cwd)
-    if not os.path.isdir(cfg.harness.venv):
+    harness = cfg.harness
+    if name == "mini_swe_text":
+        harness = harness.model_copy(
+            update={"command": harness.command.replace("mini.yaml", "mini_text.yaml")}
+        )
+    if not os.path.isdir(harness.venv):
         if os.environ.get("SHIPYARD_REQUIRE_HARNESSES") == "1":
-            pytest.fail(f"{cfg.harness.venv} is missing: `make harnesses` builds it")
-        pytest.skip(f"{cfg.harness.venv} is missing: `make harnesses` builds it")
-    return harness_spec(server.url, tok, cfg.harness.model_copy(update={"timeout_s": 90.0}))
+            pytest.fail(f"{harness.venv} is missing: `make harnesses` builds it")
+        pytest.skip(f"{harness.venv} is missing: `make harnesses` builds it")
+    return harness_spec(server.url, tok, harness.model_copy(update={"timeout_s": 90.0}))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -83,7 +93,10 @@ def test_a_scripted_expert_passes_through_each_harness(
     calls = [t for seg in session for t in seg.turns if t["role"] == "assistant"]
     m = session[0].metrics
     assert session[-1].reward == 1.0 and m["retokenized_calls"] == 0, (session[-1].reward_info, m)
-    if name != "verifiers":  # a one-shot environment has no tools: the solution comes as text
+    if name == "mini_swe_text":  # one fenced bash block writes the file and submits
+        assert len(calls) == 1 and calls[0]["text"].startswith("```bash\ncat > solution.py"), calls
+        assert m["tool_calls"] == 0, m
+    elif name != "verifiers":  # a one-shot environment has no tools: the solution comes as text
         assert m["tool_calls"] >= 1 and m["tool_call_parse_frac"] == 1.0, m
         assert calls[0]["tool_calls"][0]["name"] in ("bash", "write_file"), calls[0]
     assert sum(sum(s.loss_mask) for s in session) == sum(t["end"] - t["start"] for t in calls)

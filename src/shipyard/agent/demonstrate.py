@@ -50,6 +50,8 @@ from shipyard.envs.types import Task
 from shipyard.inference.types import GenerateRequest, GenerateResult
 
 SUMMARY_LEAD = "Rules read so far"
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent's submission line: a command whose output starts with it ends the session."""
 
 
 class _Expert(abc.ABC):
@@ -124,8 +126,10 @@ class FunctionToolExpert(_Expert):
     the endpoint parses. With a ``bash`` tool (mini-swe-agent): a heredoc writing the task's
     reference ``solution.py``, then ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``; with a
     ``write_file`` tool (the Agents SDK, the ``openai`` client agent): that file, then a short
-    answer; without tools (a one-shot environment): the solution in a python block. Its step is
-    read from the context: after a tool response it finishes."""
+    answer; without tools, in mini-swe-agent's text mode (its submission line is in the prompt): one
+    fenced bash block with that heredoc followed by the submission echo; without tools otherwise (a
+    one-shot environment): the solution in a python block. Its step is read from the context: after
+    a tool response it finishes."""
 
     def __init__(self, task: Task, tokenizer: Any) -> None:
         if task.kind != "function" or not task.reference:
@@ -140,7 +144,7 @@ class FunctionToolExpert(_Expert):
         ref = self.task.reference
         if "bash" in tools:
             command = (
-                "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+                f"echo {SUBMIT}"
                 if done
                 else f"cat > solution.py <<'EOF'\n{ref}EOF"
             )
@@ -151,6 +155,8 @@ class FunctionToolExpert(_Expert):
                 if done
                 else _hermes_call("write_file", {"path": "solution.py", "content": ref})
             )
+        if SUBMIT in context:  # mini-swe-agent's text mode: one fenced bash block writes and submits
+            return f"```bash\ncat > solution.py <<'EOF'\n{ref}EOF\necho {SUBMIT}\n```"
         return f"```python\n{ref}```"
 
     def _turn(self, request: GenerateRequest) -> GenerateResult:
