@@ -54,10 +54,12 @@ HARNESSES = {
     "builtin": "demo.toml",
     "tools_agent": "tools_agent.toml",
     "mini_swe": "mini_swe.toml",
+    "mini_swe_tools": "mini_swe.toml",
     "agents_sdk": "agents_sdk.toml",
     "verifiers": "verifiers_env.toml",
 }
-"""Each harness with the shipped config whose harness and sampling it plays with."""
+"""Each harness with the shipped config whose harness and sampling it plays with (``mini_swe_tools``:
+mini-swe-agent's tool-calling mode, its ``mini.yaml``, where the shipped config runs its text mode)."""
 
 
 class RecordingClient:
@@ -216,6 +218,11 @@ def main() -> None:
         with served(overrides) as url:
             for name, config in HARNESSES.items():
                 cfg = load_config(str(ROOT / "configs" / config), quick)
+                if name == "mini_swe_tools":
+                    tools = cfg.harness.command.replace("mini_text.yaml", "mini.yaml")
+                    cfg = cfg.model_copy(
+                        update={"harness": cfg.harness.model_copy(update={"command": tools})}
+                    )
                 if cfg.harness.venv and not os.path.isdir(cfg.harness.venv):
                     print(f"skipped {name}: {cfg.harness.venv} is missing (`make harnesses` builds it)")
                     continue

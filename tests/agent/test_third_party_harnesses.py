@@ -1,6 +1,7 @@
 """Third-party harnesses, unmodified, with their shipped configs (configs/mini_swe.toml,
-configs/agents_sdk.toml, configs/verifiers_env.toml): a few sessions each on the taught tiny
-model, through the session endpoint, confined to the session's sandbox.
+configs/agents_sdk.toml, configs/verifiers_env.toml; mini-swe-agent also in its tool-calling mode,
+mini.yaml): a few sessions each on the taught tiny model, through the session endpoint, confined to
+the session's sandbox.
 
 The harnesses' virtualenvs come from `make harnesses` (.venv-harness/); without them these tests
 skip, unless SHIPYARD_REQUIRE_HARNESSES=1 (CI) makes a missing one a failure.
@@ -26,8 +27,8 @@ from shipyard.inference.serving.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
-    "mini_swe": "mini_swe.toml",
-    "mini_swe_text": "mini_swe.toml",  # its text action mode, examples/harnesses/mini_swe_agent/mini_text.yaml
+    "mini_swe": "mini_swe.toml",  # its text action mode, examples/harnesses/mini_swe_agent/mini_text.yaml
+    "mini_swe_tools": "mini_swe.toml",  # its tool-calling mode (the bash tool), mini.yaml
     "agents_sdk": "agents_sdk.toml",
     "verifiers": "verifiers_env.toml",
 }
@@ -47,9 +48,9 @@ def _spec(server: InferenceServer, tok: Any, name: str) -> SessionSpec:
     finally:
         os.chdir(cwd)
     harness = cfg.harness
-    if name == "mini_swe_text":
+    if name == "mini_swe_tools":
         harness = harness.model_copy(
-            update={"command": harness.command.replace("mini.yaml", "mini_text.yaml")}
+            update={"command": harness.command.replace("mini_text.yaml", "mini.yaml")}
         )
     if not os.path.isdir(harness.venv):
         if os.environ.get("SHIPYARD_REQUIRE_HARNESSES") == "1":
@@ -81,19 +82,19 @@ def test_a_third_party_harness_plays_sessions_token_exact(
     assert live_children() <= before, "the sandbox, the relay and the harness are gone"
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "mini_swe_tools"])  # the shipped ones
 def test_a_scripted_expert_passes_through_each_harness(
     server: InferenceServer, taught_model: Any, name: str
 ) -> None:
     """The warm start's demonstrations: the harness unmodified, the expert answering its calls
-    (tool calls in the Hermes format), the grader (or the environment's rubric) scoring 1."""
+    in the harness's own protocol, the grader (or the environment's rubric) scoring 1."""
     spec = _spec(server, taught_model[1], name)
     spec = dataclasses.replace(spec, sampling=SamplingConfig(max_tokens=160))  # the heredoc's length
     [session] = demonstrations(spec, [TASK], concurrency=1)
     calls = [t for seg in session for t in seg.turns if t["role"] == "assistant"]
     m = session[0].metrics
     assert session[-1].reward == 1.0 and m["retokenized_calls"] == 0, (session[-1].reward_info, m)
-    if name == "mini_swe_text":  # one fenced bash block writes the file and submits
+    if name == "mini_swe":  # one fenced bash block writes the file and submits
         assert len(calls) == 1 and calls[0]["text"].startswith("```bash\ncat > solution.py"), calls
         assert m["tool_calls"] == 0, m
     elif name != "verifiers":  # a one-shot environment has no tools: the solution comes as text

@@ -20,8 +20,9 @@ prompts, tool outputs, summaries and segments (:func:`~shipyard.agent.play.play`
 real sandboxes, graded by the hidden tests), only the sampled tokens are the expert's.
 :class:`FunctionToolExpert` does the same for function tasks played by a command harness
 (mini-swe-agent, the Agents SDK, a verifiers environment): the harness runs unmodified against its
-session endpoint, and the expert answers its calls in the Hermes tool-call format with the task's
-reference solution, so the demonstrations teach the harness's own tool protocol.
+session endpoint, and the expert answers its calls with the task's reference solution in the
+harness's own protocol (Hermes tool calls, or mini-swe-agent's fenced bash block in its text mode),
+so the demonstrations teach that protocol.
 :func:`demonstrations` plays a task list and keeps the sessions that passed.
 
 Limits: long tasks with the built-in harness, function tasks (with a reference) with a command
@@ -143,11 +144,7 @@ class FunctionToolExpert(_Expert):
         done = "<tool_response>" in context
         ref = self.task.reference
         if "bash" in tools:
-            command = (
-                f"echo {SUBMIT}"
-                if done
-                else f"cat > solution.py <<'EOF'\n{ref}EOF"
-            )
+            command = f"echo {SUBMIT}" if done else f"cat > solution.py <<'EOF'\n{ref}EOF"
             return _hermes_call("bash", {"command": command})
         if "write_file" in tools:
             return (
