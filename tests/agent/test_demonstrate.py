@@ -75,7 +75,6 @@ def demo() -> tuple[object, list[list[Trajectory]]]:
     return spec, demonstrations(spec, tasks)
 
 
-@needs_sandbox
 def test_the_function_expert_answers_each_harness_protocol_from_its_context() -> None:
     """Tools in the prompt: a Hermes call (bash heredoc, or write_file), then the finish; mini-swe-agent's
     text mode (its submission line in the prompt, no tools): one bash block that writes and submits;
@@ -97,6 +96,7 @@ def test_the_function_expert_answers_each_harness_protocol_from_its_context() ->
     assert expert.reply("Write the function.") == f"```python\n{ref}```"
 
 
+@needs_sandbox
 def test_expert_sessions_read_each_module_once_summarize_and_pass(demo) -> None:
     spec, sessions = demo
     assert len(sessions) == 3, "every demonstration passed the hidden tests"
