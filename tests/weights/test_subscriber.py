@@ -117,6 +117,50 @@ def _states(n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def test_a_sink_that_does_not_apply_leaves_the_weights_to_the_batcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server's sink (``applies=False``) stages and waits: the batcher thread applies the version,
+    idle as it is, so it stays the one thread that runs the engine's kernels (issue 39)."""
+    from shipyard.inference.engine.scheduler import BatchScheduler
+
+    torch.manual_seed(0)
+    trainer, _ = load_model(ModelConfig(source="tiny"))
+    served, tok = load_model(ModelConfig(source="tiny"))
+    engine = EmbeddedEngine(served, tok, max_batch=2, version=0)
+    applied_on: list[str] = []
+    apply = engine.apply_pending
+
+    def recorded() -> bool:
+        done = apply()
+        if done:
+            applied_on.append(threading.current_thread().name)
+        return done
+
+    monkeypatch.setattr(engine, "apply_pending", recorded)
+    sink = EngineSink(engine, applies=False, wait_s=0.5)
+    _adam_steps(trainer, 1)
+    v1 = {k: t.clone() for k, t in named_params(trainer).items()}
+    with pytest.raises(TimeoutError, match="did not apply weights version 1"):
+        sink.stage(1, v1)  # staged, but no batcher runs to apply it
+    assert engine.version == 0 and applied_on == []
+    scheduler = BatchScheduler(engine).start()
+    try:
+        deadline = time.monotonic() + 30
+        while engine.version != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.version == 1 and applied_on == ["shipyard-batcher"]  # applied while idle
+        _adam_steps(trainer, 1)
+        v2 = {k: t.clone() for k, t in named_params(trainer).items()}
+        sink.wait_s = 60.0
+        sink.stage(2, v2)
+        assert engine.version == 2 and applied_on == ["shipyard-batcher"] * 2
+        for k, t in v2.items():
+            assert torch.equal(named_params(served)[k], t), k
+    finally:
+        scheduler.close()
+
+
 def test_relay_pulls_once_rebuilds_snapshots_and_repairs(tmp_path: Path) -> None:
     states = _states(9)
     origin, mirror = LocalStore(tmp_path / "origin"), LocalStore(tmp_path / "region")

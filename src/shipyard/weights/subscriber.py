@@ -64,11 +64,17 @@ class WeightSink(Protocol):
 
 class EngineSink:
     """An :class:`~shipyard.inference.engine.engine.EmbeddedEngine` as a sink: stages without copying
-    and waits until the engine applied the update (at its next decode-step boundary)."""
+    and waits until the engine applied the update (at its next decode-step boundary).
 
-    def __init__(self, engine: Any, wait_s: float = 600.0) -> None:
+    ``applies=False`` when another thread owns the engine's compute (a server's batcher, which applies
+    staged weights when idle too): the sink then only waits, so no second thread runs the engine's
+    multi-threaded kernels. A second OpenMP thread team on the same cores throttles every team's
+    spin-wait and made the server's decode steps ~20% slower (docs/benchmarks.md, issue 39)."""
+
+    def __init__(self, engine: Any, wait_s: float = 600.0, applies: bool = True) -> None:
         self.engine = engine
         self.wait_s = wait_s
+        self.applies = applies
 
     def live(self) -> Mapping[str, Any]:
         return named_params(self.engine.model)
@@ -83,7 +89,7 @@ class EngineSink:
         self.engine.stage_weights(version, tensors, copy=False, positions=positions)
         deadline = time.monotonic() + self.wait_s
         while self.engine.version != version:
-            if not self.engine.apply_pending():
+            if not (self.applies and self.engine.apply_pending()):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"engine did not apply weights version {version} in {self.wait_s} s")
                 time.sleep(0.002)

@@ -11,6 +11,7 @@ then the server.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shipyard.config.schema import ShipyardConfig
@@ -55,7 +56,10 @@ class EmbeddedNode:
         from shipyard.inference.serving.server import InferenceServer
 
         self.cfg = cfg
-        self.engine, self.tokenizer = build_engine(cfg)
+        # built on a thread that then exits, taking its OpenMP team with it: the server's batcher is
+        # the one thread that runs the engine's kernels from then on (see EngineSink)
+        with ThreadPoolExecutor(1, thread_name_prefix="shipyard-build") as pool:
+            self.engine, self.tokenizer = pool.submit(build_engine, cfg).result()
         inf = cfg.inference
         self.server = InferenceServer(
             self.engine,
@@ -80,7 +84,7 @@ class EmbeddedNode:
         cfg = self.cfg
         self.subscriber = WeightSubscriber(
             store,
-            EngineSink(self.engine),
+            EngineSink(self.engine, applies=False),  # the server's batcher applies, idle or not
             poll_s=cfg.inference.poll_s,
             cache_dir=cfg.weights.cache_dir,
             lease_ttl_s=cfg.weights.lease_ttl_s,

@@ -14,8 +14,16 @@ repacks the layers whose weight storage is among the given data pointers (the en
 applying a version, with the tensors it wrote). Output equals ``F.linear`` up to float summation
 order.
 
+Sibling layers that read the same input (an attention block's ``q_proj``/``k_proj``/``v_proj``, an
+MLP's ``gate_proj``/``up_proj``) share one :class:`PackedGroup`: one GEMM over their weights
+concatenated, which the first sibling called computes and the others take their columns of (the same
+input tensor object, as transformers passes it). One GEMM of the three or two is 10-30% faster than
+their separate calls at decode shapes (SmolLM2-135M, bf16, 2 threads: 16 rows x 576 -> q, k, v 94 us
+-> 60 us; gate, up 168 -> 149 us; issue 39).
+
 Limits: CPU only (a no-op on other devices, or where PyTorch has no oneDNN); the packed copy doubles
-the memory of the linear weights; a layer is repacked whole, whatever fraction of it changed.
+the memory of the linear weights; a layer (or group) is repacked whole, whatever fraction changed; a
+grouped layer called on an input its group did not just compute runs the whole group's GEMM.
 
 Shape legend: N = rows (tokens), I = in features, O = out features.
 """
@@ -30,6 +38,10 @@ from torch import nn
 PACKABLE = (torch.float32, torch.bfloat16)
 
 
+def _gemm(x_NI: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x_NI.contiguous(), packed, bias, "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """``nn.Linear`` computing with a oneDNN-packed copy of its weight (module doc)."""
 
@@ -38,9 +50,14 @@ class PackedLinear(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed: torch.Tensor = self.repack()
+        self.group: PackedGroup | None = None
+        self.packed: torch.Tensor | None = self.repack()
 
-    def repack(self) -> torch.Tensor:
+    def repack(self) -> torch.Tensor | None:
+        """Repack this layer's copy, or its group's (which holds the only copy of a grouped layer)."""
+        if self.group is not None:
+            self.group.repack()
+            return None
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         return self.packed
 
@@ -48,9 +65,52 @@ class PackedLinear(nn.Module):
         x_NI = x.reshape(-1, self.in_features)
         if x_NI.dtype != self.weight.dtype:  # e.g. autocast: do what F.linear would
             return nn.functional.linear(x, self.weight, self.bias)
-        bias = None if self.bias is None else self.bias.detach()
-        y_NO = torch.ops.mkldnn._linear_pointwise(x_NI.contiguous(), self.packed, bias, "none", [], "")
+        if self.group is not None:
+            y_NO = self.group.output(self, x)
+        else:
+            assert self.packed is not None
+            y_NO = _gemm(x_NI, self.packed, None if self.bias is None else self.bias.detach())
         return y_NO.reshape(*x.shape[:-1], self.out_features)
+
+
+class PackedGroup:
+    """Sibling :class:`PackedLinear` layers reading one input, computed as one GEMM (module doc)."""
+
+    def __init__(self, members: list[PackedLinear]) -> None:
+        assert len({(m.in_features, m.weight.dtype, m.bias is None) for m in members}) == 1
+        self.members = members
+        self.bounds = [0]
+        for m in members:
+            self.bounds.append(self.bounds[-1] + m.out_features)
+        self.packed = torch.empty(0)
+        self._input: torch.Tensor | None = None
+        self._outs: dict[int, torch.Tensor] = {}
+        for m in members:
+            m.group, m.packed = self, None
+        self.repack()
+
+    def repack(self) -> None:
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach() for m in self.members])
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self._input, self._outs = None, {}
+
+    def output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        """``member``'s columns of the group's product with ``x`` (computed once per input tensor)."""
+        if self._input is not x or id(member) not in self._outs:
+            bias = None
+            if self.members[0].bias is not None:
+                bias = torch.cat([m.bias.detach() for m in self.members if m.bias is not None])
+            y_NO = _gemm(x.reshape(-1, member.in_features), self.packed, bias)
+            self._input = x
+            self._outs = {
+                id(m): y_NO[:, a:b]
+                for m, a, b in zip(self.members, self.bounds[:-1], self.bounds[1:], strict=True)
+            }
+        out = self._outs.pop(id(member))
+        if not self._outs:
+            self._input = None  # every sibling took its columns: hold no reference
+        return out
 
 
 class PackedModel:
@@ -63,9 +123,13 @@ class PackedModel:
         """Repack the layers whose weight lives at one of ``data_ptrs``; returns how many."""
         ptrs = set(data_ptrs)
         stale = [m for m in self.layers if m.weight.data_ptr() in ptrs]
+        groups = {id(m.group): m.group for m in stale if m.group is not None}
         with torch.no_grad():
             for m in stale:
-                m.repack()
+                if m.group is None:
+                    m.repack()
+            for group in groups.values():
+                group.repack()
         return len(stale)
 
 
@@ -74,8 +138,13 @@ def can_pack(model: nn.Module) -> bool:
     return p.device.type == "cpu" and torch.backends.mkldnn.is_available() and p.dtype in PACKABLE
 
 
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Names of layers that transformers' Llama-style blocks call one after another on the same input."""
+
+
 def pack_linears(model: nn.Module) -> PackedModel:
-    """Swap ``model``'s CPU linear layers (fp32/bf16) for :class:`PackedLinear` in place."""
+    """Swap ``model``'s CPU linear layers (fp32/bf16) for :class:`PackedLinear` in place, siblings
+    (:data:`SIBLINGS`) sharing one :class:`PackedGroup`."""
     layers: list[PackedLinear] = []
     with torch.no_grad():
         for parent in list(model.modules()):
@@ -88,4 +157,14 @@ def pack_linears(model: nn.Module) -> PackedModel:
                     packed = PackedLinear(child)
                     setattr(parent, name, packed)
                     layers.append(packed)
+            for names in SIBLINGS:
+                members = [getattr(parent, n, None) for n in names]
+                if (
+                    all(isinstance(m, PackedLinear) for m in members)
+                    and len(
+                        {(m.in_features, m.weight.dtype, m.bias is None) for m in members}  # type: ignore[union-attr]
+                    )
+                    == 1
+                ):
+                    PackedGroup(members)  # type: ignore[arg-type]
     return PackedModel(layers)

@@ -37,13 +37,21 @@ def sample_tokens(
     assert logits_BV.dim() == 2 and len(generators) == logits_BV.shape[0]
     logits_BV = logits_BV.float()
     greedy_B = temps_B == 0
-    logp_BV = torch.log_softmax(logits_BV / torch.where(greedy_B, 1.0, temps_B)[:, None], dim=-1)
-    tokens_B = logits_BV.argmax(dim=-1)
+    scale_B = torch.where(greedy_B, 1.0, temps_B)
+    # x / 1.0 is x: the common RL batch (every row at T = 1) skips a pass over [B, V]
+    logp_BV = torch.log_softmax(
+        logits_BV if bool((scale_B == 1).all()) else logits_BV / scale_B[:, None], dim=-1
+    )
     sampling = (~greedy_B).nonzero().flatten().tolist()
+    if len(sampling) < len(generators):  # greedy rows take the argmax
+        tokens_B = logits_BV.argmax(dim=-1)
     if sampling:
         u_S = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampling])
-        rows_S = torch.tensor(sampling, dtype=torch.long)
-        tokens_B[rows_S] = _draw(logp_BV[rows_S].exp(), top_p_B[rows_S].double(), u_S)
+        if len(sampling) == len(generators):  # every row samples: no gather of rows
+            tokens_B = _draw(logp_BV.exp(), top_p_B.double(), u_S)
+        else:
+            rows_S = torch.tensor(sampling, dtype=torch.long)
+            tokens_B[rows_S] = _draw(logp_BV[rows_S].exp(), top_p_B[rows_S].double(), u_S)
     logprobs_B = logp_BV.gather(1, tokens_B[:, None]).squeeze(1)
     return tokens_B, logprobs_B
 
@@ -52,6 +60,8 @@ def _draw(probs_SV: torch.Tensor, top_p_S: torch.Tensor, u_S: torch.Tensor) -> t
     """Inverse-CDF draw per row: vocabulary order for top_p = 1, else over the sorted nucleus."""
     tokens_S = torch.zeros(probs_SV.shape[0], dtype=torch.long)
     plain = (top_p_S >= 1.0).nonzero().flatten()
+    if len(plain) == len(top_p_S):  # no nucleus row: no gather of rows
+        return _invert_cdf(probs_SV.double(), u_S)
     if len(plain):
         tokens_S[plain] = _invert_cdf(probs_SV[plain].double(), u_S[plain])
     nucleus = (top_p_S < 1.0).nonzero().flatten()
