@@ -37,6 +37,9 @@ ALLOWED: dict[str, str] = {
     "envs/sandbox/pool.py:acquire:self._spawner.submit(self._checked_create, self._factory).result()": (
         _LOCAL_FUTURE
     ),
+    "inference/backends/embedded.py:__init__:pool.submit(build_engine, cfg).result()": "the engine's "
+    "build (loading the weights), moved to a thread that exits so the batcher is the one OpenMP thread; "
+    "as long as building it on the caller's thread, which has no deadline either",
     "inference/engine/scheduler.py:generate:self.submit(requests).result()": "the engine's loop answers "
     "every request (the watchdog watches its decode steps)",
     "inference/serving/server.py:_results:waiting.result()": "awaited with the client's disconnect as a "
