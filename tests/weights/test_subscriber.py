@@ -129,12 +129,14 @@ def test_a_sink_that_does_not_apply_leaves_the_weights_to_the_batcher(
     served, tok = load_model(ModelConfig(source="tiny"))
     engine = EmbeddedEngine(served, tok, max_batch=2, version=0)
     applied_on: list[str] = []
+    applied = threading.Event()
     apply = engine.apply_pending
 
     def recorded() -> bool:
         done = apply()
         if done:
             applied_on.append(threading.current_thread().name)
+            applied.set()
         return done
 
     monkeypatch.setattr(engine, "apply_pending", recorded)
@@ -146,9 +148,7 @@ def test_a_sink_that_does_not_apply_leaves_the_weights_to_the_batcher(
     assert engine.version == 0 and applied_on == []
     scheduler = BatchScheduler(engine).start()
     try:
-        deadline = time.monotonic() + 30
-        while engine.version != 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        applied.wait(30)
         assert engine.version == 1 and applied_on == ["shipyard-batcher"]  # applied while idle
         _adam_steps(trainer, 1)
         v2 = {k: t.clone() for k, t in named_params(trainer).items()}

@@ -77,7 +77,7 @@ class PackedGroup:
     """Sibling :class:`PackedLinear` layers reading one input, computed as one GEMM (module doc)."""
 
     def __init__(self, members: list[PackedLinear]) -> None:
-        assert len({(m.in_features, m.weight.dtype, m.bias is None) for m in members}) == 1
+        assert PackedGroup.fits(members)
         self.members = members
         self.bounds = [0]
         for m in members:
@@ -88,6 +88,11 @@ class PackedGroup:
         for m in members:
             m.group, m.packed = self, None
         self.repack()
+
+    @staticmethod
+    def fits(members: list[PackedLinear]) -> bool:
+        """Can ``members`` share one GEMM (the same input width, weight dtype and bias presence)?"""
+        return len({(m.in_features, m.weight.dtype, m.bias is None) for m in members}) == 1
 
     def repack(self) -> None:
         with torch.no_grad():
@@ -158,13 +163,7 @@ def pack_linears(model: nn.Module) -> PackedModel:
                     setattr(parent, name, packed)
                     layers.append(packed)
             for names in SIBLINGS:
-                members = [getattr(parent, n, None) for n in names]
-                if (
-                    all(isinstance(m, PackedLinear) for m in members)
-                    and len(
-                        {(m.in_features, m.weight.dtype, m.bias is None) for m in members}  # type: ignore[union-attr]
-                    )
-                    == 1
-                ):
-                    PackedGroup(members)  # type: ignore[arg-type]
+                members = [m for n in names if isinstance(m := getattr(parent, n, None), PackedLinear)]
+                if len(members) == len(names) and PackedGroup.fits(members):
+                    PackedGroup(members)
     return PackedModel(layers)
