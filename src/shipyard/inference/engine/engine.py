@@ -39,6 +39,9 @@ Contract:
 - Packed linears (``packed=True``, CPU): the linear layers compute with oneDNN-packed copies of their
   weights (:mod:`shipyard.inference.engine.packed`); an apply repacks the layers whose weights it wrote,
   inside the pause.
+- Lean decode (``lean=True``, Llama-architecture models on a CPU): a decode step runs the model's modules
+  without transformers' per-module Python (:mod:`shipyard.inference.engine.lean_decode`), bit-identical
+  to the model's forward; other models take their own forward.
 - MoE routes (``record_routes``; on by default for a model with routers of
   :data:`~shipyard.models.router_replay.ROUTER_CLASSES`): every forward records, per MoE layer,
   the experts each token used (:class:`~shipyard.models.router_replay.RouterSeam`), and each result
@@ -90,6 +93,7 @@ from transformers import DynamicCache
 from shipyard.inference.engine.attention import use_packed_decode
 from shipyard.inference.engine.batch import Batch, Job, Row, left_pad
 from shipyard.inference.engine.kv_cache import SLACK, cache_kwarg, full_attention, slack_cache
+from shipyard.inference.engine.lean_decode import lean_decode
 from shipyard.inference.engine.packed import can_pack, pack_linears
 from shipyard.inference.engine.prefix_cache import PrefixCache, PrefixEntry
 from shipyard.inference.engine.sampling import adjust_logits, sample_tokens, top_logprobs
@@ -185,6 +189,7 @@ class EmbeddedEngine:
         prefix_cache_mb: int = 0,
         packed: bool = False,
         kv_slack: int = SLACK,
+        lean: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
@@ -198,6 +203,9 @@ class EmbeddedEngine:
             use_packed_decode(model)  # a batch without padding decodes 2.6x faster (inference.attention)
         self.packed = pack_linears(model) if packed and can_pack(model) else None
         """oneDNN-packed linear layers (CPU; :mod:`shipyard.inference.engine.packed`), repacked after each apply."""
+        self.lean = lean_decode(model) if lean else None
+        """The decode step without transformers' per-module Python (:mod:`~shipyard.inference.engine.lean_decode`;
+        None: the model's own forward)."""
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.kv_slack = kv_slack
@@ -697,19 +705,22 @@ class EmbeddedEngine:
         batch.attn_BT = torch.cat([batch.attn_BT, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
         batch.pos_B = batch.pos_B + 1
         mask_BT = batch.mask()
-        out = self.model(
-            input_ids=tokens_B[:, None].to(self.device),
-            attention_mask=None if mask_BT is None else mask_BT.to(self.device),
-            position_ids=batch.pos_B[:, None].to(self.device),
-            **{self.cache_kw: batch.cache},
-            use_cache=True,
-        )
+        if self.lean is not None:  # the same forward without transformers' per-module Python
+            logits_BV = self.lean(tokens_B, mask_BT, batch.pos_B, batch.cache).float()
+        else:
+            out = self.model(
+                input_ids=tokens_B[:, None].to(self.device),
+                attention_mask=None if mask_BT is None else mask_BT.to(self.device),
+                position_ids=batch.pos_B[:, None].to(self.device),
+                **{self.cache_kw: batch.cache},
+                use_cache=True,
+            )
+            logits_BV = out.logits[:, -1, :].float().cpu()
         self.stats["decode_steps"] += 1
         if self.seam is not None:
             used_BTLK = self._take_routes(len(batch.rows), 1)
             for b, row in enumerate(batch.rows):
                 row.routes.append(used_BTLK[b])
-        logits_BV = out.logits[:, -1, :].float().cpu()
         self.stats["decode_s"] += time.perf_counter() - t0
         return logits_BV
 

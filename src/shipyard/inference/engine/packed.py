@@ -61,6 +61,12 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         return self.packed
 
+    def columns(self, x_NI: torch.Tensor) -> list[torch.Tensor]:
+        """``[y_NO]`` for a ``[N, I]`` input in the weight's dtype (an ungrouped layer; the shape of
+        :meth:`PackedGroup.columns`)."""
+        assert self.packed is not None
+        return [_gemm(x_NI, self.packed, None if self.bias is None else self.bias.detach())]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_NI = x.reshape(-1, self.in_features)
         if x_NI.dtype != self.weight.dtype:  # e.g. autocast: do what F.linear would
@@ -68,8 +74,7 @@ class PackedLinear(nn.Module):
         if self.group is not None:
             y_NO = self.group.output(self, x)
         else:
-            assert self.packed is not None
-            y_NO = _gemm(x_NI, self.packed, None if self.bias is None else self.bias.detach())
+            (y_NO,) = self.columns(x_NI)
         return y_NO.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -100,18 +105,20 @@ class PackedGroup:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self._input, self._outs = None, {}
 
+    def columns(self, x_NI: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's ``[N, O]`` output for a ``[N, I]`` input, from one GEMM (views of its result)."""
+        bias = None
+        if self.members[0].bias is not None:
+            bias = torch.cat([m.bias.detach() for m in self.members if m.bias is not None])
+        y_NO = _gemm(x_NI, self.packed, bias)
+        return [y_NO[:, a:b] for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
+
     def output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor:
         """``member``'s columns of the group's product with ``x`` (computed once per input tensor)."""
         if self._input is not x or id(member) not in self._outs:
-            bias = None
-            if self.members[0].bias is not None:
-                bias = torch.cat([m.bias.detach() for m in self.members if m.bias is not None])
-            y_NO = _gemm(x.reshape(-1, member.in_features), self.packed, bias)
+            outs = self.columns(x.reshape(-1, member.in_features))
             self._input = x
-            self._outs = {
-                id(m): y_NO[:, a:b]
-                for m, a, b in zip(self.members, self.bounds[:-1], self.bounds[1:], strict=True)
-            }
+            self._outs = {id(m): y_NO for m, y_NO in zip(self.members, outs, strict=True)}
         out = self._outs.pop(id(member))
         if not self._outs:
             self._input = None  # every sibling took its columns: hold no reference
