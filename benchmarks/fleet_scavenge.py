@@ -4,12 +4,16 @@ One real inference server (the demo's SmolLM2-135M in bf16 where the CPU has bf1
 linears, ``--threads`` torch threads, 16 slots) answers real HTTP requests. A diurnal production
 trace (:class:`shipyard.fleet.trace.DiurnalTrace`: a cosine day/night swing from ``night_rps`` to
 ``day_rps`` over ``--period`` seconds, ``--periods`` times, with Poisson bursts; log-normal prompts,
-32-64 generated tokens) is replayed as ``production`` requests; RL demand is 16 ``scavenger``
-requests always in flight (300-token prompts, 128 tokens each: what rollout workers ask). The arms:
+32-64 generated tokens) is replayed as ``production`` requests. The RL demand (``--load``) is the
+rollout worker's own sessions (``sessions``, the default since issue 41: 16 sessions of the run's
+agent always in play, multi-turn, sandboxed and graded, every request a ``scavenger``; see
+:class:`SessionLoad`), or 16 random-token ``scavenger`` requests always in flight (``synthetic``:
+300-token prompts, 128 tokens each, the load of the runs before it). The arms:
 
 - ``production_only``: the trace with no RL (the reference latencies);
 - ``shared_fifo``: the trace with RL on a server without tiers (``inference.scavenge.enabled = false``:
-  every request alike, in arrival order) - what sharing costs production without a scheduler;
+  every request alike, in arrival order) - what sharing costs production without a scheduler
+  (``--no-shared`` leaves it out);
 - ``tiers_k<K>``: the trace with RL on a tiered server (``inference.scavenge``: preempt, at most K
   scavenger rows next to production), one arm per ``--rows``; ``tiers_k<K>_r<S>`` with
   ``resume_after_s = S`` (``--resume-after``; the default's arm has no suffix).
@@ -27,7 +31,8 @@ one whose 300-token prompt is prefilled), as in the arms' idle time. Until 2026-
 over 10 s, in which the 16 requests started together for the measurement rarely finish: a decode
 rate with almost no prefills, above the sustained rate (each round's prefill share is in the JSON).
 
-Per arm: production latency p50/p90/p99 (send to result), ``production_p99_ratio`` (arm p99 /
+Per arm: production latency p50/p90/p99 (send to result; each with a 95% bootstrap interval over
+windows, ``p50_ci95``...), ``production_p99_ratio`` (arm p99 /
 production_only p99), RL tokens generated during the trace, and two shares of what production left:
 ``idle_capacity_harvested_frac`` = RL tokens / sum over windows of (the round's capacity tokens/s x
 the seconds the server had no production request waiting or running: its idle time), and the stricter
@@ -39,8 +44,12 @@ until the last of them left the batch. The p99 ratio and the harvest carry 95% b
 Prints the table, plots the trace, RL throughput and production latencies over time
 (``docs/fleet_scavenge.png``), and writes ``benchmarks/results/fleet_scavenge.json`` and the
 ``scavenging`` section of ``fleet.json`` (top level: the arm with ``inference.scavenge``'s defaults).
+Each finished round is logged in ``runs/fleet_scavenge/rounds.jsonl`` (:class:`RoundLog`) as it ends,
+so a run longer than a sitting is made of parts, each after the first run with ``--resume``; the
+figures come from every logged round.
 
     python benchmarks/fleet_scavenge.py           # SmolLM2-135M, 2 days of 120 s in 8 rounds (~23 min)
+    python benchmarks/fleet_scavenge.py --resume  # go on from the rounds a cut-short run logged
     python benchmarks/fleet_scavenge.py --day-rps 0.8   # the busier trace of the first run (81% busy)
     python benchmarks/fleet_scavenge.py --quick   # tiny model, one short day (< 1 min)
 """
@@ -48,18 +57,22 @@ Prints the table, plots the trace, RL throughput and production latencies over t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import random
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.progress import track
 
 import harness
 from shipyard.config import load_config
-from shipyard.config.schema import ScavengeConfig
+from shipyard.config.schema import ScavengeConfig, ShipyardConfig
 from shipyard.fleet.trace import Arrival, DiurnalTrace, ScavengerLoad, Served, replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,14 +80,13 @@ PHASES = ("prefill_s", "prefix_prefill_s", "decode_s")
 PLOT = ROOT / "docs" / "fleet_scavenge.png"
 
 
-def engine(quick: bool, threads: int) -> Any:
+def engine(cfg: ShipyardConfig, threads: int) -> Any:
     import torch
 
     from shipyard.inference.engine.engine import EmbeddedEngine
     from shipyard.models.loading import load_model
     from shipyard.models.precision import engine_precision
 
-    cfg = load_config(ROOT / ("configs/tiny.toml" if quick else "configs/demo.toml"), [])
     torch.set_num_threads(threads)
     model, tok = load_model(cfg.model)
     precision = engine_precision(model, cfg.inference)
@@ -83,10 +95,83 @@ def engine(quick: bool, threads: int) -> Any:
     return eng
 
 
+class Load(Protocol):
+    """RL demand on one server: started before a window, stopped after the server is."""
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+LoadFactory = Callable[[str], Load]
+"""A server's URL -> the RL load to put on it."""
+
+
+class SessionLoad:
+    """The rollout worker's own sessions as the RL load: ``concurrency`` sessions of the run's agent
+    always in play (``shipyard.agent.session.run_session``: multi-turn, each in its bubblewrap
+    sandbox, graded by the task's hidden tests), training tasks in turn, every request sent as a
+    ``scavenger`` by the worker's client. Between turns a session runs its command and, at its end,
+    its grading, so the load keeps fewer than ``concurrency`` rows in the engine at times, as a
+    worker does. The sessions' threads, and so the sandboxes they start, run at nice 10: on this
+    2-core machine they share the server's cores, where a deployment runs them on other machines."""
+
+    def __init__(self, cfg: ShipyardConfig, url: str, concurrency: int = 16) -> None:
+        from shipyard.agent.spec import session_spec
+        from shipyard.envs.tasks.splits import task_splits
+        from shipyard.inference.client import HttpInferenceClient
+        from shipyard.models.loading import load_tokenizer
+
+        self.spec = session_spec(
+            cfg, HttpInferenceClient(url, priority="scavenger"), load_tokenizer(cfg.model)
+        )
+        self.tasks = task_splits(cfg)[0]
+        self.concurrency = concurrency
+        self.sessions = self.crashed = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> SessionLoad:
+        for k in range(self.concurrency):
+            th = threading.Thread(target=self._loop, args=(k,), name=f"session-load-{k}", daemon=True)
+            th.start()
+            self._threads.append(th)
+        return self
+
+    def _loop(self, k: int) -> None:
+        from shipyard.agent.session import run_session
+
+        os.nice(10)  # this thread and the sandboxes it starts (Linux: per thread)
+        n = 0
+        while not self._stop.is_set():
+            task = self.tasks[(k * 7919 + n) % len(self.tasks)]
+            segments = run_session(self.spec, task, f"load-{k}-{n}", 0)
+            n += 1
+            with self._lock:
+                self.sessions += 1
+                self.crashed += any(seg.finish == "error" for seg in segments)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(120)
+
+
+def load_factory(kind: str, cfg: ShipyardConfig) -> LoadFactory:
+    """``sessions``: :class:`SessionLoad`; ``synthetic``: 16 random-token scavenger requests always
+    in flight (300-token prompts, 128 tokens out; the RL load before issue 41)."""
+    from shipyard.inference.client import HttpInferenceClient
+
+    if kind == "sessions":
+        return lambda url: SessionLoad(cfg, url)
+    return lambda url: ScavengerLoad(HttpInferenceClient(url).generate)
+
+
 class Arm:
     """One server (tiers or not) with an optional RL load over one window of the trace."""
 
-    def __init__(self, eng: Any, scavenge: ScavengeConfig | None, rl: bool) -> None:
+    def __init__(self, eng: Any, scavenge: ScavengeConfig | None, load: LoadFactory | None) -> None:
         from shipyard.inference.client import HttpInferenceClient
         from shipyard.inference.serving.server import InferenceServer
 
@@ -96,7 +181,7 @@ class Arm:
         self.server = InferenceServer(eng, scavenge=scavenge, drain_s=0.0).start()
         self.scheduler = self.server.app.state.scheduler
         self.client = HttpInferenceClient(self.server.url)
-        self.load = ScavengerLoad(HttpInferenceClient(self.server.url).generate) if rl else None
+        self.load = load(self.server.url) if load is not None else None
 
     def run(self, arrivals: list[Arrival], seconds: float, warm_s: float, offset: float, seed: int) -> Window:
         """Replay ``arrivals`` (timed from this window's start) with the RL load, if any, already
@@ -114,9 +199,10 @@ class Arm:
         wall = time.monotonic() - t0
         eng = {k: v - eng0[k] for k, v in self.eng.stats.items()}
         tier = {k: v - tiers0[k] for k, v in tiers.as_dict().items() if not isinstance(v, list)}
+        played = (self.load.sessions, self.load.crashed) if isinstance(self.load, SessionLoad) else (0, 0)
+        self.server.stop()  # first: the load's requests then fail at once (sessions end as crashed)
         if self.load is not None:
             self.load.stop()
-        self.server.stop()
         on = self.scheduler.scavenge is not None
         return Window(
             served=[dataclasses.replace(x, sent=x.sent + offset) for x in served],
@@ -129,6 +215,8 @@ class Arm:
             preemptions=tiers.preemptions if on else 0,
             yields_s=list(tiers.yields_s) if on else [],
             phases_s={k: eng[k] for k in PHASES} | {k: tier[k] for k in ("resume_wait_s", "quiet_periods")},
+            rl_sessions=played[0],
+            rl_sessions_crashed=played[1],
         )
 
 
@@ -152,6 +240,10 @@ class Window:
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """The engine's seconds in cold prefills, prefix-cache prefills and decode steps in the window,
     and the scheduler's quiet periods and resume waits (where the idle capacity went)."""
+    rl_sessions: int = 0
+    """Sessions of a :class:`SessionLoad` that ended within the window (0 for the synthetic load)."""
+    rl_sessions_crashed: int = 0
+    """Of those, the ones that ended in an error (before the window's end stopped the server)."""
 
 
 def windows(trace: DiurnalTrace, window_s: float) -> list[list[Arrival]]:
@@ -196,6 +288,8 @@ def arm_figures(ws: list[Window], base: list[Window] | None, seed: int = 0) -> d
         "production_tokens": prod_tokens,
         "rl_tokens": rl,
         "rl_tok_s": rl / wall,
+        "rl_sessions": sum(w.rl_sessions for w in ws),
+        "rl_sessions_crashed": sum(w.rl_sessions_crashed for w in ws),
         "production_busy_s": sum(w.wall_s - idle_s(w, r) for w, r in zip(ws, ref, strict=True)),
         "idle_capacity_harvested_frac": pooled(ws, ref, every)[1],
         "spare_throughput_harvested_frac": rl / spare if spare > 0 else 0.0,
@@ -203,6 +297,11 @@ def arm_figures(ws: list[Window], base: list[Window] | None, seed: int = 0) -> d
     }
     rng = random.Random(seed)
     picks = [[rng.randrange(len(ws)) for _ in ws] for _ in range(2000)]
+    for q in (0.5, 0.9, 0.99):  # resampled by window: a window's requests share its load and its minute
+        boot = sorted(
+            _q(sorted(x.latency_s for k in p for x in ws[k].served if x.error is None), q) for p in picks
+        )
+        fig[f"p{round(q * 100)}_ci95"] = [_q(boot, 0.025), _q(boot, 0.975)]
     if base is not None:
         fig["production_p99_ratio"] = fig["p99_s"] / _q(
             sorted(x.latency_s for w in base for x in w.served if x.error is None), 0.99
@@ -281,9 +380,10 @@ def plot(trace: DiurnalTrace, arms: dict[str, list[Window]], path: Path) -> None
 def arm_settings(args: Any) -> dict[str, tuple[ScavengeConfig | None, bool]]:
     """Each arm's server (tiers or not) and whether RL runs on it."""
     arms: dict[str, tuple[ScavengeConfig | None, bool]] = {
-        "production_only": (ScavengeConfig(enabled=True), False),
-        "shared_fifo": (None, True),
+        "production_only": (ScavengeConfig(enabled=True), False)
     }
+    if not args.no_shared:
+        arms["shared_fifo"] = (None, True)
     default_resume = ScavengeConfig().resume_after_s
     for k in args.rows:
         for r in args.resume_after:
@@ -292,32 +392,77 @@ def arm_settings(args: Any) -> dict[str, tuple[ScavengeConfig | None, bool]]:
     return arms
 
 
-def run_arms(args: Any, eng: Any, trace: DiurnalTrace) -> dict[str, list[Window]]:
+class RoundLog:
+    """Each finished round's windows, one JSON line each, appended as the round ends; ``--resume``
+    reads them back, so a run cut short (a session's end, a crash) goes on from its next round. The
+    first line is the run's design: a log of another design is refused, not mixed in."""
+
+    def __init__(self, path: Path, design: dict[str, Any], resume: bool) -> None:
+        self.path, self.rounds = path, []
+        if resume and path.exists():
+            lines = path.read_text().splitlines()
+            head = json.loads(lines[0]) if lines else {}
+            if head != design:
+                diff = sorted(k for k in {*head, *design} if head.get(k) != design.get(k))
+                raise ValueError(
+                    f"--resume: {path} was written by another design (differs in {', '.join(diff)}); "
+                    "run with the same options, or without --resume to start over"
+                )
+            for line in lines[1:]:
+                try:
+                    self.rounds.append({n: _window(w) for n, w in json.loads(line)["windows"].items()})
+                except json.JSONDecodeError:  # a line cut by a crash: that round runs again
+                    break
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            f.write(json.dumps(design) + "\n")
+            for ws in self.rounds:
+                f.write(json.dumps({"windows": {n: dataclasses.asdict(w) for n, w in ws.items()}}) + "\n")
+
+    def append(self, ws: dict[str, Window]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"windows": {n: dataclasses.asdict(w) for n, w in ws.items()}}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.rounds.append(ws)
+
+
+def _window(d: dict[str, Any]) -> Window:
+    return Window(**{**d, "served": [Served(**x) for x in d["served"]]})
+
+
+def run_arms(
+    args: Any, eng: Any, trace: DiurnalTrace, load: LoadFactory, log: RoundLog
+) -> dict[str, list[Window]]:
     """Round k replays window k of the trace on every arm, in an order rotated each round, after
     measuring the server's RL capacity alone; so a drift of the machine's speed lands on every arm
-    alike and each window's harvest is counted against the capacity of its own round."""
+    alike and each window's harvest is counted against the capacity of its own round. Rounds already
+    in ``log`` (``--resume``) are not run again."""
     settings = arm_settings(args)
     names = list(settings)
-    out: dict[str, list[Window]] = {n: [] for n in names}
     parts = windows(trace, args.window)
-    Arm(eng, ScavengeConfig(enabled=True), rl=True).run([], args.capacity_s, args.warm_s, 0.0, 0)  # warm-up
+    Arm(eng, ScavengeConfig(enabled=True), load).run([], args.capacity_s, args.warm_s, 0.0, 0)  # warm-up
     for k, arrivals in enumerate(track(parts, "rounds", console=harness.console)):
-        cap = Arm(eng, ScavengeConfig(enabled=True), rl=True).run([], args.capacity_s, args.warm_s, 0.0, 0)
+        if k < len(log.rounds):
+            continue
+        cap = Arm(eng, ScavengeConfig(enabled=True), load).run([], args.capacity_s, args.warm_s, 0.0, 0)
         capacity = cap.rl_tokens / cap.wall_s
         busy = sum(cap.phases_s[phase] for phase in PHASES)
         prefill_share = (busy - cap.phases_s["decode_s"]) / busy if busy else 0.0
+        done: dict[str, Window] = {}
         for name in names[k % len(names) :] + names[: k % len(names)]:
             scavenge, rl = settings[name]
-            w = Arm(eng, scavenge, rl).run(
+            w = Arm(eng, scavenge, load if rl else None).run(
                 arrivals, args.window, args.warm_s, k * args.window, trace.seed * 1000 + k
             )
             w.capacity, w.capacity_prefill_share = capacity, prefill_share
-            out[name].append(w)
+            done[name] = w
+        log.append(done)
         harness.console.print(f"round {k + 1}/{len(parts)}: capacity {capacity:.0f} RL tokens/s")
-    return out
+    return {name: [ws[name] for ws in log.rounds] for name in names}
 
 
-def main() -> None:
+def _args() -> Any:
     ap = harness.parser(__doc__)
     ap.add_argument(
         "--period", type=float, default=None, help="seconds of one compressed day (120; quick 12)"
@@ -350,23 +495,63 @@ def main() -> None:
         help="production requests/s at the day's peak (0.45: the server busy about half the trace, "
         "a fleet sized for its peak; 0.8 keeps it busy 81%%)",
     )
+    ap.add_argument(
+        "--night-rps", type=float, default=0.05, help="production requests/s at the night's trough (0.05)"
+    )
+    ap.add_argument(
+        "--gen-tokens", type=int, nargs="+", default=None, help="tokens a production request asks (32 48 64)"
+    )
+    ap.add_argument(
+        "--load",
+        choices=("sessions", "synthetic"),
+        default="sessions",
+        help="the RL load: the rollout worker's sessions (default) or random-token requests",
+    )
+    ap.add_argument("--resume", action="store_true", help="go on from the rounds the last run logged")
+    ap.add_argument("--no-shared", action="store_true", help="no shared_fifo arm (sharing without tiers)")
     args = ap.parse_args()
     args.rows = args.rows or ([0] if args.quick else [0, 4])
     args.resume_after = args.resume_after or [ScavengeConfig().resume_after_s]
     args.warm_s = 1.0 if args.quick else 5.0
     args.window = args.window or (6.0 if args.quick else 30.0)
     args.capacity_s = args.capacity_s or args.window
-    trace = DiurnalTrace(
+    return args
+
+
+def _trace(args: Any) -> DiurnalTrace:
+    shape: dict[str, Any] = {"night_rps": args.night_rps, "day_rps": args.day_rps}
+    if args.quick:
+        shape = {"night_rps": 0.5, "day_rps": 4.0, "burst_rps": 6.0, "burst_s": 1.0}
+    if args.gen_tokens:
+        shape["gen_tokens"] = tuple(args.gen_tokens)
+    return DiurnalTrace(
         period_s=args.period or (12.0 if args.quick else 120.0),
         periods=args.periods or (1 if args.quick else 2),
-        **(
-            {"night_rps": 0.5, "day_rps": 4.0, "burst_rps": 6.0, "burst_s": 1.0}
-            if args.quick
-            else {"day_rps": args.day_rps}
-        ),
+        **shape,
     )
-    eng = engine(args.quick, args.threads)
-    outs = run_arms(args, eng, trace)
+
+
+def main() -> None:
+    args = _args()
+    trace = _trace(args)
+    cfg = load_config(ROOT / ("configs/tiny.toml" if args.quick else "configs/demo.toml"), [])
+    design = {
+        "trace": {**dataclasses.asdict(trace), "gen_tokens": list(trace.gen_tokens)},
+        "arms": list(arm_settings(args)),
+        "window_s": args.window,
+        "capacity_s": args.capacity_s,
+        "warm_s": args.warm_s,
+        "load": args.load,
+        "threads": args.threads,
+        "quick": args.quick,
+    }
+    log = RoundLog(
+        ROOT / "runs" / f"fleet_scavenge{'_quick' if args.quick else ''}" / "rounds.jsonl",
+        design,
+        args.resume,
+    )
+    eng = engine(cfg, args.threads)
+    outs = run_arms(args, eng, trace, load_factory(args.load, cfg), log)
     base = outs["production_only"]
     arms = {name: arm_figures(ws, None if name == "production_only" else base) for name, ws in outs.items()}
     capacities = [w.capacity for w in base]
@@ -390,6 +575,7 @@ def main() -> None:
             "capacity_s_per_round": args.capacity_s,
             "capacity_note": "sustained RL rate over a window's length, with request turnover (before 2026-11-27: 10 s)",
             "warm_s": args.warm_s,
+            "load": args.load,
             "note": "arms interleaved window by window, order rotated each round; intervals: "
             "95% bootstrap over windows",
         },
