@@ -31,17 +31,36 @@ Definitions (written before the first full run):
 
 Each candidate's gate evidence (per suite: serving, candidate, difference and interval) is kept.
 
-    python benchmarks/online_gate.py           # SmolLM2-135M, 5 honest + 6 regressed candidates (~1 h)
-    python benchmarks/online_gate.py --quick   # the tiny model, 1 + 2 candidates: the wiring
+The gate's rule for its target suite (``online.gate.target_fall_z``) is chosen on a validation
+split, never on the candidates reported (added after the first run, cut short at 7 candidates,
+showed "the target must not fall" rejecting an honest candidate on noise; written before the
+validation run):
+
+- ``--split validation``: the same recipes on other batch seeds (``v_*``, seed + 100), their
+  target drop measured on training tasks outside the pool (no test task labels them), the same pool
+  size, steps and suites. Every value of :data:`FALL_ZS` is applied to their recorded gate evidence
+  (``fall_z_table``) and :func:`choose_fall_z` picks the smallest under which at most a fifth of the
+  honest candidates is rejected and every candidate whose drop is at least 0.05 is blocked
+  (``chosen_target_fall_z``; None if none does). Written to ``online_gate_validation.json``.
+- That value goes into ``configs/online.toml``, and then ``--split test`` (the default) runs the
+  reported candidates under it.
+
+    python benchmarks/online_gate.py --split validation   # choose target_fall_z (~1.5 h)
+    python benchmarks/online_gate.py                      # the reported candidates (~1.5 h)
+    python benchmarks/online_gate.py --resume             # go on after a run cut short
+    python benchmarks/online_gate.py --quick              # the tiny model, 1 + 2 candidates: the wiring
 
 Writes ``benchmarks/results/online_gate.json`` (``online_gate_quick.json``) and the gate figures
-into ``online.json`` under ``gate_realistic``.
+into ``online.json`` under ``gate_realistic``. Each finished candidate is kept in ``--work``
+(``state.pkl``, with the pool, the regression suite and the serving weights' outcomes), so
+``--resume`` goes on with the next candidate on the same pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import random
 import sys
 import time
@@ -82,6 +101,12 @@ REGRESSED = [
 RECIPES = [r for pair in zip(HONEST, REGRESSED, strict=False) for r in pair] + REGRESSED[len(HONEST) :]
 """Honest and regressed alternating, so that a run cut short still holds both kinds (the results
 are written after every candidate)."""
+VALIDATION_RECIPES = [dataclasses.replace(r, name=f"v_{r.name}", seed=r.seed + 100) for r in RECIPES]
+"""The same recipes on other batch seeds: the candidates ``target_fall_z`` is chosen on (``--split
+validation``), never the ones reported."""
+FALL_ZS = (0.0, 0.5, 1.0, 1.28, 1.645, 1.96)
+"""The values of ``online.gate.target_fall_z`` the validation split chooses among (0.0: the rule
+"the target must not fall" the first run measured)."""
 QUICK_RECIPES = [HONEST[0], REGRESSED[0], REGRESSED[2]]
 
 
@@ -122,6 +147,8 @@ class Bench:
         gate_n = max(s.n for s in cfg.online.gate.suites if s.kind == "heldout")
         self.pool_tasks = train[: args.pool]
         self.test_tasks = held[gate_n : gate_n + args.test_n]
+        if args.split == "validation":  # training tasks outside the pool: no test task labels them
+            self.test_tasks = train[args.pool : args.pool + args.test_n]
         if len(self.test_tasks) < 2:
             raise ValueError(
                 f"the test split has {len(self.test_tasks)} tasks after the gate's {gate_n}: raise "
@@ -224,12 +251,17 @@ def add_regression_suite(bench: Bench, pool: list[list[Any]], work: Path) -> int
         return 0
     work.mkdir(parents=True, exist_ok=True)
     n = write_regression_suite(work / "regression.jsonl", solved)
+    use_regression_suite(bench, n, work)
+    return n
+
+
+def use_regression_suite(bench: Bench, n: int, work: Path) -> None:
+    """The gate's suites with the regression suite written in ``work`` (in place of any other)."""
     suites = [s for s in bench.cfg.online.gate.suites if s.kind != "regression"]
     bench.cfg.online.gate.suites = [
         *suites,
         GateSuiteConfig(kind="regression", n=n, path=str(work / "regression.jsonl")),
     ]
-    return n
 
 
 def drop(serving: list[list[int]], candidate: list[list[int]]) -> dict[str, float]:
@@ -249,17 +281,43 @@ def drop(serving: list[list[int]], candidate: list[list[int]]) -> dict[str, floa
     }
 
 
-def run(bench: Bench, recipes: list[Recipe], save: Any) -> dict[str, Any]:
-    t0 = time.time()
+def start(bench: Bench, state_path: Path, resume: bool) -> dict[str, Any]:
+    """The pool, the regression suite, the serving weights' test outcomes and the candidates done so
+    far: read back with ``--resume`` (a run cut short goes on from its next candidate, on the same
+    pool), else made and saved."""
+    if resume and state_path.exists():
+        state = pickle.loads(state_path.read_bytes())
+        if state["regression_n"]:
+            use_regression_suite(bench, state["regression_n"], bench.args.work)
+        return state
     pool = bench.sample_pool()
     regression_n = add_regression_suite(bench, pool, bench.args.work)
-    serving = bench.test_outcomes(0, bench.base)
+    state = {"pool": pool, "regression_n": regression_n, "serving": bench.test_outcomes(0, bench.base)}
+    save_state(state_path, {**state, "rows": [], "seconds": 0.0})
+    return {**state, "rows": [], "seconds": 0.0}
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(state))
+    tmp.replace(path)
+
+
+def run(bench: Bench, recipes: list[Recipe], save: Any, state_path: Path, resume: bool) -> dict[str, Any]:
+    t0 = time.time()
+    state = start(bench, state_path, resume)
+    pool, serving, regression_n, rows = state["pool"], state["serving"], state["regression_n"], state["rows"]
+    t0 -= state["seconds"]
     harness.console.print(
         f"pool: {len(pool)} groups; serving test pass@1 "
-        f"{sum(map(sum, serving)) / sum(map(len, serving)):.3f}; regression suite {regression_n}"
+        f"{sum(map(sum, serving)) / sum(map(len, serving)):.3f}; regression suite {regression_n}; "
+        f"{len(rows)} candidates already done"
     )
-    rows = []
+    done = {r["name"] for r in rows}
     for i, recipe in enumerate(recipes, start=1):
+        if recipe.name in done:
+            continue
         t1 = time.time()
         made = bench.train(recipe, pool)
         truth = drop(serving, bench.test_outcomes(i, made["weights"]))
@@ -280,8 +338,42 @@ def run(bench: Bench, recipes: list[Recipe], save: Any) -> dict[str, Any]:
             f"[{truth['target_drop_ci95_low']:+.3f}, {truth['target_drop_ci95_high']:+.3f}] -> "
             f"{'blocked' if not decision.promote else 'promoted'} ({decision.reason})"
         )
+        save_state(state_path, {**state, "rows": rows, "seconds": time.time() - t0})
         save(summarize(rows, serving, regression_n, time.time() - t0))  # a run cut short keeps these
     return summarize(rows, serving, regression_n, time.time() - t0)
+
+
+def fall_z_table(rows: list[dict[str, Any]], z: float) -> dict[str, dict[str, Any]]:
+    """Each value of :data:`FALL_ZS` applied to the candidates' recorded gate evidence (the suites'
+    intervals at the gate's ``z``): honest rejected, regressions of 0.05 or more blocked."""
+    from shipyard.online.gate import SuiteResult, decide
+
+    out: dict[str, dict[str, Any]] = {}
+    for fz in FALL_ZS:
+        blocked = {
+            r["name"]: not decide(0, 0, [SuiteResult(**x) for x in r["suites"]], fz, z).promote for r in rows
+        }
+        big = [r for r in rows if r["target_drop"] >= 0.05]
+        out[f"{fz:g}"] = {
+            "honest_rejected": sum(blocked[r["name"]] for r in rows if r["honest"]),
+            "honest_tried": sum(r["honest"] for r in rows),
+            "regressions_ge_0_05_blocked": sum(blocked[r["name"]] for r in big),
+            "regressions_ge_0_05_tried": len(big),
+        }
+    return out
+
+
+def choose_fall_z(table: dict[str, dict[str, Any]]) -> float | None:
+    """The rule fixed before the validation run: the smallest value under which at most one honest
+    candidate in five is rejected (scaled: a fifth of those tried) and every candidate whose drop is
+    0.05 or more is blocked; None when no value does both."""
+    for fz, t in table.items():
+        if (
+            t["honest_rejected"] <= t["honest_tried"] / 5
+            and t["regressions_ge_0_05_blocked"] == t["regressions_ge_0_05_tried"]
+        ):
+            return float(fz)
+    return None
 
 
 def summarize(
@@ -309,7 +401,7 @@ def summarize(
     }
 
 
-def main() -> int:
+def _args() -> Any:
     p = harness.parser(__doc__)
     p.add_argument("--pool", type=int, default=None, help="training tasks sampled for the candidates (48)")
     p.add_argument("--group", type=int, default=4, help="sessions per pool task (a GRPO group)")
@@ -318,7 +410,15 @@ def main() -> int:
     p.add_argument("--test-n", type=int, default=None, help="test-split tasks (78: all after the gate's)")
     p.add_argument("--test-samples", type=int, default=None, help="sessions per test task (2)")
     p.add_argument("--regression-n", type=int, default=12)
-    p.add_argument("--work", type=Path, default=ROOT / "runs" / "online-gate")
+    p.add_argument(
+        "--split",
+        choices=("test", "validation"),
+        default="test",
+        help="validation: other candidates, scored on training tasks outside the pool, to choose "
+        "online.gate.target_fall_z; test: the reported candidates, on the held-out test split",
+    )
+    p.add_argument("--resume", action="store_true", help="go on from the candidates the last run finished")
+    p.add_argument("--work", type=Path, default=None, help="work directory (runs/online-gate[-validation])")
     p.add_argument("--set", dest="overrides", nargs="*", default=[], help="dotted config overrides")
     args = p.parse_args()
     q = args.quick
@@ -327,22 +427,42 @@ def main() -> int:
     args.groups = args.groups or (2 if q else 6)
     args.test_n = args.test_n or (4 if q else 78)
     args.test_samples = args.test_samples or (1 if q else 2)
+    suffix = "" if args.split == "test" else "-validation"
+    args.work = args.work or ROOT / "runs" / f"online-gate{suffix}{'-quick' if q else ''}"
+    return args
+
+
+def main() -> int:
+    args = _args()
+    q, validation = args.quick, args.split == "validation"
     cfg = load_config(ROOT / "configs" / "online.toml", [*(QUICK if q else FULL), *args.overrides])
     if q:
         cfg.online.gate.suites = [GateSuiteConfig(kind="heldout", n=4, target=True)]
+    name = "online_gate_validation" if validation else "online_gate"
+    recipes = VALIDATION_RECIPES if validation else RECIPES
+    if q:  # the quick recipes, on the split's seeds
+        quick = {r.name for r in QUICK_RECIPES}
+        recipes = [r for r in recipes if r.name.removeprefix("v_") in quick]
 
     def with_gate(figures: dict[str, Any], complete: bool) -> dict[str, Any]:
-        """The figures with the gate's suites as they are now (the run adds the regression suite)."""
-        return {**figures, "gate": [s.model_dump() for s in cfg.online.gate.suites], "complete": complete}
+        """The figures with the gate's suites and rule as they are now (the run adds the regression
+        suite); on validation, every value of :data:`FALL_ZS` and the one the rule chooses."""
+        gate = {"gate": [s.model_dump() for s in cfg.online.gate.suites], "complete": complete}
+        gate["target_fall_z"] = cfg.online.gate.target_fall_z
+        if validation:
+            table = fall_z_table(figures["candidates"], cfg.online.gate.z)
+            gate |= {"fall_z_table": table, "chosen_target_fall_z": choose_fall_z(table)}
+        return {**figures, **gate, "split": args.split}
 
     def save(figures: dict[str, Any]) -> None:
-        harness.write_results(args, "online_gate", with_gate(figures, complete=False))
+        harness.write_results(args, name, with_gate(figures, complete=False))
 
-    figures = with_gate(run(Bench(cfg, args), QUICK_RECIPES if q else RECIPES, save), complete=True)
+    state = args.work / "state.pkl"
+    figures = with_gate(run(Bench(cfg, args), recipes, save, state, args.resume), complete=True)
     keys = [k for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     harness.table("online gate on realistic candidates", {k: {"value": figures[k]} for k in keys})
     harness.table(
-        "candidates (target drop on the test split; the gate's decision)",
+        f"candidates (target drop on the {args.split} tasks; the gate's decision)",
         {
             r["name"]: {
                 "drop": r["target_drop"],
@@ -353,8 +473,11 @@ def main() -> int:
             for r in figures["candidates"]
         },
     )
-    harness.write_results(args, "online_gate", figures)
-    merge_online(args, {k: figures[k] for k in keys})
+    if validation:
+        harness.table("target_fall_z on the validation candidates", figures["fall_z_table"])
+    harness.write_results(args, name, figures)
+    if not validation:
+        merge_online(args, {k: figures[k] for k in keys})
     return 0
 
 

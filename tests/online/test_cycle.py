@@ -167,6 +167,13 @@ def test_gate_rule() -> None:
     assert not bad.promote and "regression0" in bad.reason
     fell = decide(2, 1, [_suite("heldout", -0.02, -0.08, 0.04, target=True)])
     assert not fell.promote and "must not fall" in fell.reason
+    # target_fall_z: the same fall is within one standard error (se = 0.12 / 3.92 = 0.031); a fall of
+    # 0.09 that is not significant (se = 0.05) is beyond 1.28 standard errors, not beyond 2
+    assert decide(2, 1, [_suite("heldout", -0.02, -0.08, 0.04, target=True)], fall_z=1.0).promote
+    wide = _suite("heldout", -0.09, -0.09 - 1.96 * 0.05, -0.09 + 1.96 * 0.05, target=True)
+    beyond = decide(2, 1, [wide], fall_z=1.28)
+    assert not wide.regressed and not beyond.promote and "beyond 1.28 standard errors" in beyond.reason
+    assert decide(2, 1, [wide], fall_z=2.0).promote
 
 
 def test_gate_run_promotion_and_rollback(db: OnlineDB, tmp_path: Path) -> None:

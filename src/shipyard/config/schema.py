@@ -1097,6 +1097,12 @@ class GateConfig(_Section):
     """Width of the intervals (1.96: 95%)."""
     regression_margin: float = Field(0.0, ge=0)
     """A suite regresses significantly when its interval's upper end is below `-regression_margin`."""
+    target_fall_z: float | None = Field(None, ge=0)
+    """How far the target suite may fall, in its standard errors. None: not at all (a candidate
+    whose target difference is negative, however small, is rejected). A value z: rejected when
+    `difference + z * standard error < 0`, i.e. when the target fell beyond its own noise at that
+    one-sided level (1.28: 90%). The paired standard error of 24 tasks x 2 samples is about 0.05, so
+    an honest candidate's point estimate falls below 0 about half the time (issue 41 §2)."""
 
     @model_validator(mode="after")
     def _one_target(self) -> GateConfig:

@@ -6,7 +6,9 @@ task and sample, not on the weights), in one in-process engine whose weights are
 the two, and compares them per suite with the paired interval
 (:func:`shipyard.eval.stats.paired_diff_ci` at ``z``). A suite *regresses* when its interval lies
 wholly below ``-regression_margin``. The decision is ``promote`` when no suite regresses and the
-target suite's difference is not negative, else ``reject`` with the reason. The
+target suite did not fall (``online.gate.target_fall_z``: None, its difference is not negative; z,
+``difference + z * standard error`` is not negative, the standard error read off its interval),
+else ``reject`` with the reason. The
 :class:`GateDecision` holds the evidence (per suite: n, serving and candidate means, difference
 and interval) and is recorded by :mod:`shipyard.online.serving` whatever it says.
 
@@ -73,21 +75,34 @@ def suite_tasks(cfg: ShipyardConfig, suite: GateSuiteConfig) -> list[Task]:
     return load_task_file(suite.path)[: suite.n]
 
 
-def decide(candidate: int, serving: int, results: list[SuiteResult]) -> GateDecision:
-    """The gate's rule (module doc) over measured suites."""
+def decide(
+    candidate: int, serving: int, results: list[SuiteResult], fall_z: float | None = None, z: float = 1.96
+) -> GateDecision:
+    """The gate's rule (module doc) over measured suites: ``fall_z`` is ``online.gate.target_fall_z``
+    and ``z`` the width the suites' intervals were measured at (``online.gate.z``)."""
     regressed = [r.name for r in results if r.regressed]
     target = next((r for r in results if r.target), None)
+    fell = target is not None and _fell(target, fall_z, z)
     if regressed:
         reason = f"significant regression on {', '.join(regressed)}"
-    elif target is not None and target.diff < 0:
+    elif fell and target is not None and fall_z is None:
         reason = f"target suite {target.name} fell by {-target.diff:.3f} (not significant, but the target must not fall)"
+    elif fell and target is not None:
+        reason = f"target suite {target.name} fell by {-target.diff:.3f}, beyond {fall_z:g} standard errors"
     else:
         reason = "no significant regression" + (
             f"; target {target.name} {target.diff:+.3f}" if target else ""
         )
-    return GateDecision(
-        candidate, serving, not regressed and (target is None or target.diff >= 0), reason, results
-    )
+    return GateDecision(candidate, serving, not regressed and not fell, reason, results)
+
+
+def _fell(target: SuiteResult, fall_z: float | None, z: float) -> bool:
+    """Did the target fall under the rule? ``None``: any negative difference; else beyond ``fall_z``
+    standard errors (the interval ``diff +- z * se`` gives ``se``)."""
+    if fall_z is None:
+        return target.diff < 0
+    se = (target.high - target.low) / (2 * z)
+    return target.diff + fall_z * se < 0
 
 
 def run_gate(
@@ -140,7 +155,7 @@ def run_gate(
                 name, len(tasks), mean_b, mean_a, diff, lo, hi, hi < -g.regression_margin, suite.target
             )
         )
-    decision = decide(candidate[0], serving[0], results)
+    decision = decide(candidate[0], serving[0], results, g.target_fall_z, g.z)
     decision.at, decision.seconds = time.time(), time.time() - t0
     return decision
 
