@@ -106,7 +106,10 @@ def test_models_it_does_not_cover_keep_their_own_forward() -> None:
     assert lean_decode(moe) is None
     hooked = _model(torch.float32, packed=False)
     assert lean_decode(hooked) is not None
-    hooked.model.layers[1].mlp.register_forward_hook(lambda *_: None)  # a hook the lean step would skip
+    handle = hooked.model.layers[1].mlp.register_forward_hook(lambda *_: None)  # one it would skip
+    assert lean_decode(hooked) is None
+    handle.remove()
+    hooked.model.layers[0].self_attn.k_proj.register_forward_pre_hook(lambda *_: None)  # a linear's too
     assert lean_decode(hooked) is None
     eager = build_tiny("dense", VOCAB, 0)  # never switched to the engine's attention
     assert lean_decode(eager) is None

@@ -19,8 +19,8 @@ for SDPA models, with the mask transformers builds for a one-token query: the ro
 ``[B, 1, 1, T]`` boolean, or None without padding.
 
 Limits: :func:`lean_decode` returns None (the engine keeps the full forward) unless the model is
-exactly transformers' ``LlamaForCausalLM`` with its own layer classes and no forward hooks on the
-modules whose ``forward`` this replaces, runs the engine's ``shipyard_sdpa`` attention on a CPU and
+exactly transformers' ``LlamaForCausalLM`` with its own layer classes and no forward hooks in its
+decoder layers or on the modules whose ``forward`` this replaces, runs the engine's ``shipyard_sdpa`` attention on a CPU and
 every cache layer keeps all positions, with its decoder layers in one dtype. Mistral-, Qwen- and MoE-style models take the full forward.
 
 Shape legend: B = rows, T = key/value length, H = query heads, KV = key/value heads, D = head size,
@@ -59,14 +59,18 @@ def lean_decode(model: Any) -> LeanDecode | None:
         return None
     if model.config._attn_implementation != NAME:  # set by the engine's use_packed_decode
         return None
-    skipped: list[tuple[nn.Module, type]] = [(model, llama.LlamaForCausalLM), (model.model, llama.LlamaModel)]
+    skipped: list[tuple[nn.Module, type]] = [(model.model, llama.LlamaModel)]
     for layer in model.model.layers:
         skipped += [
             (layer, llama.LlamaDecoderLayer),
             (layer.self_attn, llama.LlamaAttention),
             (layer.mlp, llama.LlamaMLP),
+            (layer.input_layernorm, llama.LlamaRMSNorm),
+            (layer.post_attention_layernorm, llama.LlamaRMSNorm),
         ]
-    if any(type(m) is not cls or _hooked(m) for m, cls in skipped):
+    if any(type(m) is not cls for m, cls in skipped):
+        return None
+    if any(_hooked(m) for m in (model, model.model, *model.model.layers.modules())):  # none would run
         return None
     if len({p.dtype for p in model.model.layers.parameters()}) != 1:  # the decoder in one dtype
         return None
