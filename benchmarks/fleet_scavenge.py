@@ -6,8 +6,8 @@ trace (:class:`shipyard.fleet.trace.DiurnalTrace`: a cosine day/night swing from
 ``day_rps`` over ``--period`` seconds, ``--periods`` times, with Poisson bursts; log-normal prompts,
 32-64 generated tokens) is replayed as ``production`` requests. The RL demand (``--load``) is the
 rollout worker's own sessions (``sessions``, the default since issue 41: 16 sessions of the run's
-agent always in play, multi-turn, sandboxed and graded, every request a ``scavenger``; see
-:class:`SessionLoad`), or 16 random-token ``scavenger`` requests always in flight (``synthetic``:
+agent always in play, multi-turn, sandboxed and graded, every request a ``scavenger``, played by a
+process of their own at nice 10; see :class:`SessionLoad`), or 16 random-token ``scavenger`` requests always in flight (``synthetic``:
 300-token prompts, 128 tokens each, the load of the runs before it). The arms:
 
 - ``production_only``: the trace with no RL (the reference latencies);
@@ -113,23 +113,19 @@ class SessionLoad:
     sandbox, graded by the task's hidden tests), training tasks in turn, every request sent as a
     ``scavenger`` by the worker's client. Between turns a session runs its command and, at its end,
     its grading, so the load keeps fewer than ``concurrency`` rows in the engine at times, as a
-    worker does. The sessions' threads, and so the sandboxes they start, run at nice 10: on this
-    2-core machine they share the server's cores, where a deployment runs them on other machines."""
+    worker does. It runs in a :class:`SessionPlayer` process of its own, as a rollout worker does
+    (in the server's process its threads took the server's GIL). ``counts``: sessions ended, of them
+    crashed (shared with the parent)."""
 
-    def __init__(self, cfg: ShipyardConfig, url: str, concurrency: int = 16) -> None:
+    def __init__(
+        self, cfg: ShipyardConfig, url: str, counts: Any, tok: Any, tasks: list[Any], concurrency: int = 16
+    ) -> None:
         from shipyard.agent.spec import session_spec
-        from shipyard.envs.tasks.splits import task_splits
         from shipyard.inference.client import HttpInferenceClient
-        from shipyard.models.loading import load_tokenizer
 
-        self.spec = session_spec(
-            cfg, HttpInferenceClient(url, priority="scavenger"), load_tokenizer(cfg.model)
-        )
-        self.tasks = task_splits(cfg)[0]
-        self.concurrency = concurrency
-        self.sessions = self.crashed = 0
+        self.spec = session_spec(cfg, HttpInferenceClient(url, priority="scavenger"), tok)
+        self.tasks, self.concurrency, self.counts = tasks, concurrency, counts
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> SessionLoad:
@@ -142,15 +138,14 @@ class SessionLoad:
     def _loop(self, k: int) -> None:
         from shipyard.agent.session import run_session
 
-        os.nice(10)  # this thread and the sandboxes it starts (Linux: per thread)
         n = 0
         while not self._stop.is_set():
             task = self.tasks[(k * 7919 + n) % len(self.tasks)]
             segments = run_session(self.spec, task, f"load-{k}-{n}", 0)
             n += 1
-            with self._lock:
-                self.sessions += 1
-                self.crashed += any(seg.finish == "error" for seg in segments)
+            with self.counts.get_lock():
+                self.counts[0] += 1
+                self.counts[1] += any(seg.finish == "error" for seg in segments)
 
     def stop(self) -> None:
         self._stop.set()
@@ -158,13 +153,82 @@ class SessionLoad:
             th.join(120)
 
 
-def load_factory(kind: str, cfg: ShipyardConfig) -> LoadFactory:
-    """``sessions``: :class:`SessionLoad`; ``synthetic``: 16 random-token scavenger requests always
-    in flight (300-token prompts, 128 tokens out; the RL load before issue 41)."""
+def _player(cfg: ShipyardConfig, conn: Any, counts: Any) -> None:
+    """The :class:`SessionPlayer` process: at nice 10 (it shares this machine's two cores with the
+    server, where a deployment runs its workers elsewhere), a :class:`SessionLoad` per ``start``."""
+    from shipyard.envs.tasks.splits import task_splits
+    from shipyard.models.loading import load_tokenizer
+
+    os.nice(10)
+    tok, tasks = load_tokenizer(cfg.model), task_splits(cfg)[0]
+    load: SessionLoad | None = None
+    while True:
+        cmd, url = conn.recv()
+        if cmd == "start":
+            counts[0] = counts[1] = 0
+            load = SessionLoad(cfg, url, counts, tok, tasks).start()
+        elif cmd == "stop":
+            if load is not None:
+                load.stop()
+            conn.send("stopped")
+        else:
+            return
+
+
+class SessionPlayer:
+    """One process, started once, that plays :class:`SessionLoad` against each window's server."""
+
+    def __init__(self, cfg: ShipyardConfig) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.counts = ctx.Array("q", 2)
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_player, args=(cfg, child, self.counts), name="session-player", daemon=True
+        )
+        self.proc.start()
+
+    def load(self, url: str) -> RemoteSessions:
+        return RemoteSessions(self, url)
+
+    def close(self) -> None:
+        self.conn.send(("exit", None))
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+
+
+class RemoteSessions:
+    """The :class:`Load` of one window: the player's sessions against ``url``."""
+
+    def __init__(self, player: SessionPlayer, url: str) -> None:
+        self.player, self.url = player, url
+
+    def start(self) -> RemoteSessions:
+        self.player.conn.send(("start", self.url))
+        return self
+
+    def played(self) -> tuple[int, int]:
+        """Sessions ended so far in this window, and of them crashed."""
+        return int(self.player.counts[0]), int(self.player.counts[1])
+
+    def stop(self) -> None:
+        self.player.conn.send(("stop", None))
+        if not self.player.conn.poll(300):
+            raise RuntimeError("the session player did not stop its sessions within 300 s")
+        self.player.conn.recv()
+
+
+def load_factory(kind: str, player: SessionPlayer | None) -> LoadFactory:
+    """``sessions``: the ``player``'s :class:`SessionLoad`; ``synthetic``: 16 random-token scavenger
+    requests always in flight (300-token prompts, 128 tokens out; the RL load before issue 41)."""
     from shipyard.inference.client import HttpInferenceClient
 
     if kind == "sessions":
-        return lambda url: SessionLoad(cfg, url)
+        assert player is not None
+        return player.load
     return lambda url: ScavengerLoad(HttpInferenceClient(url).generate)
 
 
@@ -199,7 +263,7 @@ class Arm:
         wall = time.monotonic() - t0
         eng = {k: v - eng0[k] for k, v in self.eng.stats.items()}
         tier = {k: v - tiers0[k] for k, v in tiers.as_dict().items() if not isinstance(v, list)}
-        played = (self.load.sessions, self.load.crashed) if isinstance(self.load, SessionLoad) else (0, 0)
+        played = self.load.played() if isinstance(self.load, RemoteSessions) else (0, 0)
         self.server.stop()  # first: the load's requests then fail at once (sessions end as crashed)
         if self.load is not None:
             self.load.stop()
@@ -542,6 +606,7 @@ def main() -> None:
         "capacity_s": args.capacity_s,
         "warm_s": args.warm_s,
         "load": args.load,
+        "load_process": "own" if args.load == "sessions" else "server's",
         "threads": args.threads,
         "quick": args.quick,
     }
@@ -551,7 +616,12 @@ def main() -> None:
         args.resume,
     )
     eng = engine(cfg, args.threads)
-    outs = run_arms(args, eng, trace, load_factory(args.load, cfg), log)
+    player = SessionPlayer(cfg) if args.load == "sessions" else None
+    try:
+        outs = run_arms(args, eng, trace, load_factory(args.load, player), log)
+    finally:
+        if player is not None:
+            player.close()
     base = outs["production_only"]
     arms = {name: arm_figures(ws, None if name == "production_only" else base) for name, ws in outs.items()}
     capacities = [w.capacity for w in base]
