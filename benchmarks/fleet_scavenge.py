@@ -73,7 +73,7 @@ from rich.progress import track
 import harness
 from shipyard.config import load_config
 from shipyard.config.schema import ScavengeConfig, ShipyardConfig
-from shipyard.fleet.trace import Arrival, DiurnalTrace, ScavengerLoad, Served, replay
+from shipyard.fleet.trace import Arrival, DiurnalTrace, ScavengerLoad, Served, replay, start_loops
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("prefill_s", "prefix_prefill_s", "decode_s")
@@ -129,10 +129,7 @@ class SessionLoad:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> SessionLoad:
-        for k in range(self.concurrency):
-            th = threading.Thread(target=self._loop, args=(k,), name=f"session-load-{k}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self._threads = start_loops(self._loop, self.concurrency, "session-load")
         return self
 
     def _loop(self, k: int) -> None:

@@ -142,6 +142,14 @@ def replay(arrivals: list[Arrival], generate: Generate, seed: int = 0) -> list[S
     return [s for s in out if s is not None]
 
 
+def start_loops(loop: Callable[[int], None], n: int, name: str) -> list[threading.Thread]:
+    """``n`` daemon threads running ``loop(k)``, named ``<name>-<k>``, started."""
+    threads = [threading.Thread(target=loop, args=(k,), name=f"{name}-{k}", daemon=True) for k in range(n)]
+    for th in threads:
+        th.start()
+    return threads
+
+
 @dataclass
 class ScavengerLoad:
     """``concurrency`` scavenger requests kept in flight (module doc); :meth:`stop` ends it."""
@@ -158,10 +166,7 @@ class ScavengerLoad:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> ScavengerLoad:
-        for k in range(self.concurrency):
-            th = threading.Thread(target=self._loop, args=(k,), name=f"scavenger-{k}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self._threads = start_loops(self._loop, self.concurrency, "scavenger")
         return self
 
     def _loop(self, k: int) -> None:
