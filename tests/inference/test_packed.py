@@ -9,7 +9,7 @@ from torch import nn
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine.engine import EmbeddedEngine
-from shipyard.inference.engine.packed import PackedLinear, can_pack, pack_linears
+from shipyard.inference.engine.packed import PackedLinear, can_pack, pack_linears, packable
 from shipyard.inference.types import GenerateRequest, SamplingParams
 from shipyard.models.loading import build_tiny, load_tokenizer
 
@@ -25,6 +25,8 @@ def _logits(model: nn.Module, ids_BT: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
 def test_packed_model_is_the_same_model(dtype: torch.dtype, atol: float) -> None:
+    if not packable(dtype):
+        pytest.skip(f"oneDNN does not pack {dtype} on this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)")
     ref, packed = build_tiny("dense", 512, 0).to(dtype), build_tiny("dense", 512, 0).to(dtype)
     params = dict(packed.named_parameters())
     layers = pack_linears(packed)
@@ -70,3 +72,10 @@ def test_engine_repacks_what_a_version_writes() -> None:
         stale_model.load_state_dict(new, strict=False)
     c = stale.generate(req)[0]
     assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs, strict=True)) > 1e-2
+
+
+def test_a_dtype_onednn_cannot_pack_stays_a_plain_linear() -> None:
+    model = build_tiny("dense", 512, 0).to(torch.float16)
+    assert not packable(torch.float16) and not can_pack(model)
+    assert not pack_linears(model).layers
+    assert any(type(m) is nn.Linear for m in model.modules())

@@ -21,7 +21,9 @@ input tensor object, as transformers passes it). One GEMM of the three or two is
 their separate calls at decode shapes (SmolLM2-135M, bf16, 2 threads: 16 rows x 576 -> q, k, v 94 us
 -> 60 us; gate, up 168 -> 149 us; issue 39).
 
-Limits: CPU only (a no-op on other devices, or where PyTorch has no oneDNN); the packed copy doubles
+Limits: CPU only (a no-op on other devices, or where PyTorch has no oneDNN); bf16 layers are packed
+only where oneDNN packs bf16 on this CPU (AVX-512 or AVX-NE-CONVERT: :func:`packable`), and stay
+plain ``nn.Linear`` elsewhere; the packed copy doubles
 the memory of the linear weights; a layer (or group) is repacked whole, whatever fraction changed; a
 grouped layer called on an input its group did not just compute runs the whole group's GEMM.
 
@@ -30,6 +32,7 @@ Shape legend: N = rows (tokens), I = in features, O = out features.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -145,9 +148,22 @@ class PackedModel:
         return len(stale)
 
 
+@functools.cache
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs a linear weight of ``dtype`` on this CPU. bf16 needs AVX-512 (bw, vl, dq)
+    or AVX-NE-CONVERT; PyTorch says so only by refusing the reorder, so it is tried once, on a 2x2."""
+    if dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=dtype), None)
+    except RuntimeError:  # "mkldnn_reorder_linear_weight: bf16 path needs the cpu support ..."
+        return False
+    return True
+
+
 def can_pack(model: nn.Module) -> bool:
     p = next(model.parameters())
-    return p.device.type == "cpu" and torch.backends.mkldnn.is_available() and p.dtype in PACKABLE
+    return p.device.type == "cpu" and packable(p.dtype)
 
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -155,7 +171,7 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def pack_linears(model: nn.Module) -> PackedModel:
-    """Swap ``model``'s CPU linear layers (fp32/bf16) for :class:`PackedLinear` in place, siblings
+    """Swap ``model``'s CPU linear layers (fp32, and bf16 where :func:`packable`) for :class:`PackedLinear` in place, siblings
     (:data:`SIBLINGS`) sharing one :class:`PackedGroup`."""
     layers: list[PackedLinear] = []
     with torch.no_grad():
@@ -163,7 +179,7 @@ def pack_linears(model: nn.Module) -> PackedModel:
             for name, child in list(parent.named_children()):
                 if (
                     type(child) is nn.Linear
-                    and child.weight.dtype in PACKABLE
+                    and packable(child.weight.dtype)
                     and child.weight.device.type == "cpu"
                 ):
                     packed = PackedLinear(child)
