@@ -24,6 +24,12 @@ the reward). The protocol (``shipyard.envs.tasks.splits``; the config sets ``tas
   ``agents_sdk``, ``verifiers``; for mini-swe-agent also the issue's ``minutes``, the candidate's
   RL run).
 
+A candidate that widens the task set (``tasks.max_difficulty`` above the shipped config's) also gets
+``by_difficulty``: the same paired difference restricted to the scored tasks the shipped config
+draws (difficulty <= its ``tasks.max_difficulty``) and to the added ones, so a gain on the new
+tasks alone cannot pass as a gain on the old ones (``validation_by_difficulty`` in the tuning row,
+``<prefix>_by_difficulty`` in the report).
+
 Definitions, fixed before the runs: ``tool_call_parse_<row>`` is, over every reply of that row's
 evaluation that tried a tool call (the endpoint's ``tool_call_attempts``), the fraction whose call
 parsed; None where no reply tried one (a harness without tools, or a policy that never calls).
@@ -86,6 +92,10 @@ def tune(config: str, cand: str, warm_set: list[str], rl_set: list[str], out: Pa
         "rl_steps": rl["steps"],
         "warmstart_minutes": warm["seconds"] / 60,
     }
+    run_dir = ROOT / "runs" / p["run"]
+    evals = [json.loads((run_dir / f"eval_{w}.json").read_text()) for w in ("before", "after")]
+    if split := by_difficulty(path, rl_set, *evals):
+        row["validation_by_difficulty"] = split
     _merge(out / "harness_tuning.json", {config: {cand: row}}, deep=True)
     return row
 
@@ -150,10 +160,36 @@ def report(config: str, cand: str, out: Path, test_n: int | None = None) -> dict
     for row, key in (("base", "base"), ("warm", "before"), ("rl", "after")):
         got[f"{pre}_tool_call_attempts_{key}"] = res[row].get("tool_call_attempts")
         got[f"{pre}_tool_call_parse_{key}"] = res[row].get("tool_call_parse_frac")
+    if split := by_difficulty(path, tuned["rl_set"], res["warm"], res["rl"]):
+        got[f"{pre}_by_difficulty"] = split
     if config == "mini_swe":
         got["minutes"] = rl["minutes"]  # the issue's key for the mini-swe-agent run
     _merge(out / "harness.json", got)
     return got
+
+
+def by_difficulty(
+    path: str, overrides: list[str], before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, dict[str, float]] | None:
+    """The paired difference of two evaluations (``eval_*.json``) on the scored tasks of difficulty
+    <= the shipped config's ``tasks.max_difficulty`` and on the harder ones the candidate added;
+    None when it adds none."""
+    from shipyard.config.load import load_config
+    from shipyard.envs.tasks.functions import generated_tasks
+
+    shipped, cand = load_config(path).tasks, load_config(path, overrides).tasks
+    if cand.max_difficulty <= shipped.max_difficulty:
+        return None
+    assert before["task_ids"] == after["task_ids"]
+    level = {t.id: t.difficulty for t in generated_tasks(cand.num_generated, cand.seed)}
+    cut, out = shipped.max_difficulty, {}
+    for name, keep in ((f"difficulty<={cut}", lambda d: d <= cut), (f"difficulty>{cut}", lambda d: d > cut)):
+        idx = [i for i, t in enumerate(before["task_ids"]) if keep(level[t])]
+        b, a = [float(before["passed"][i]) for i in idx], [float(after["passed"][i]) for i in idx]
+        diff, lo, hi = paired_diff_ci(b, a)
+        out[name] = {"n": len(idx), "before": sum(b) / len(b), "after": sum(a) / len(a), "diff": diff}
+        out[name] |= {"diff_ci95_low": lo, "diff_ci95_high": hi}
+    return out
 
 
 def _merge(path: Path, new: dict[str, Any], deep: bool = False) -> None:
@@ -182,7 +218,10 @@ def main() -> None:
     LOGS.mkdir(parents=True, exist_ok=True)
     if args.candidate:
         row = tune(args.config, args.candidate, args.warm_set, args.rl_set, args.out)
+        split = row.pop("validation_by_difficulty", None)
         table(f"{args.config} candidate {args.candidate}: validation", {args.candidate: row})
+        if split:
+            table("the same on validation, by the tasks' difficulty", split)
         return
     got = report(args.config, args.report, args.out, args.test_n)
     pre = PREFIX[args.config]
@@ -196,6 +235,8 @@ def main() -> None:
             for row, key in (("base", "base"), ("warm start", "before"), ("RL", "after"))
         },
     )
+    if split := got.get(f"{pre}_by_difficulty"):
+        table("RL - warm start on test, by the tasks' difficulty", split)
 
 
 if __name__ == "__main__":
