@@ -52,9 +52,14 @@ def test_async_run_end_to_end(tmp_path: Path) -> None:
     # the region's staleness and its server's adoptions reach the trainer's metrics
     assert all(r["region/eu-west/groups"] == cfg.trainer.groups_per_step for r in steps)
     assert all(r["rollout/over_bound_trained"] == 0 for r in steps)
+    # a step reports the lag of the adoptions its batches carried; on a loaded machine the worker can
+    # queue every trained batch (version 0, within max_off_policy_steps) before the first adoption,
+    # so the lags are checked on the stored batches, and on the steps only where they carried any
     lags = [r["region/eu-west/adoption_lag_s"] for r in steps if "region/eu-west/adoption_lag_s" in r]
-    assert lags and all(0 <= lag < 60 for lag in lags)
+    assert all(0 <= lag < 60 for lag in lags)
     batches = [RolloutBatch.from_bytes(store.get(k)) for k in store.list("rollouts/")]
+    stored = [a["at"] - a["published_at"] for b in batches for a in b.adoptions if a.get("published_at")]
+    assert stored and all(0 <= lag < 60 for lag in stored)
     assert {b.region for b in batches} == {"eu-west"}
     adopted = sorted(a["version"] for b in batches for a in b.adoptions)
     assert adopted == sorted(set(adopted)) and adopted[0] >= 1  # each adoption reported once
