@@ -24,11 +24,12 @@ the reward). The protocol (``shipyard.envs.tasks.splits``; the config sets ``tas
   ``agents_sdk``, ``verifiers``; for mini-swe-agent also the issue's ``minutes``, the candidate's
   RL run).
 
-A candidate that widens the task set (``tasks.max_difficulty`` above the shipped config's) also gets
-``by_difficulty``: the same paired difference restricted to the scored tasks the shipped config
-draws (difficulty <= its ``tasks.max_difficulty``) and to the added ones, so a gain on the new
-tasks alone cannot pass as a gain on the old ones (``validation_by_difficulty`` in the tuning row,
-``<prefix>_by_difficulty`` in the report).
+A candidate that widens the task set (``tasks.max_difficulty`` above the shipped config's when it is
+tuned; that difficulty is kept in its row as ``difficulty_cut``) also gets ``by_difficulty``: the
+same paired difference restricted to the scored tasks of difficulty <= the cut and to the added
+ones, so a gain on the new tasks alone cannot pass as a gain on the old ones
+(``validation_by_difficulty`` in the tuning row, ``<prefix>_by_difficulty`` in the report). The cut
+is recorded because the shipped config may later adopt the candidate's task set.
 
 Definitions, fixed before the runs: ``tool_call_parse_<row>`` is, over every reply of that row's
 evaluation that tried a tool call (the endpoint's ``tool_call_attempts``), the fraction whose call
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import parser, shipyard, table
+from shipyard.config.load import load_config
 from shipyard.eval.stats import paired_diff_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,10 +94,12 @@ def tune(config: str, cand: str, warm_set: list[str], rl_set: list[str], out: Pa
         "rl_steps": rl["steps"],
         "warmstart_minutes": warm["seconds"] / 60,
     }
-    run_dir = ROOT / "runs" / p["run"]
-    evals = [json.loads((run_dir / f"eval_{w}.json").read_text()) for w in ("before", "after")]
-    if split := by_difficulty(path, rl_set, *evals):
-        row["validation_by_difficulty"] = split
+    shipped, tasks = load_config(path).tasks, load_config(path, rl_set).tasks
+    if tasks.max_difficulty > shipped.max_difficulty:
+        run_dir = ROOT / "runs" / p["run"]
+        evals = [json.loads((run_dir / f"eval_{w}.json").read_text()) for w in ("before", "after")]
+        row["difficulty_cut"] = shipped.max_difficulty
+        row["validation_by_difficulty"] = by_difficulty(path, rl_set, shipped.max_difficulty, *evals)
     _merge(out / "harness_tuning.json", {config: {cand: row}}, deep=True)
     return row
 
@@ -160,8 +164,8 @@ def report(config: str, cand: str, out: Path, test_n: int | None = None) -> dict
     for row, key in (("base", "base"), ("warm", "before"), ("rl", "after")):
         got[f"{pre}_tool_call_attempts_{key}"] = res[row].get("tool_call_attempts")
         got[f"{pre}_tool_call_parse_{key}"] = res[row].get("tool_call_parse_frac")
-    if split := by_difficulty(path, tuned["rl_set"], res["warm"], res["rl"]):
-        got[f"{pre}_by_difficulty"] = split
+    if (cut := tuned.get("difficulty_cut")) is not None:
+        got[f"{pre}_by_difficulty"] = by_difficulty(path, tuned["rl_set"], cut, res["warm"], res["rl"])
     if config == "mini_swe":
         got["minutes"] = rl["minutes"]  # the issue's key for the mini-swe-agent run
     _merge(out / "harness.json", got)
@@ -169,20 +173,16 @@ def report(config: str, cand: str, out: Path, test_n: int | None = None) -> dict
 
 
 def by_difficulty(
-    path: str, overrides: list[str], before: dict[str, Any], after: dict[str, Any]
-) -> dict[str, dict[str, float]] | None:
-    """The paired difference of two evaluations (``eval_*.json``) on the scored tasks of difficulty
-    <= the shipped config's ``tasks.max_difficulty`` and on the harder ones the candidate added;
-    None when it adds none."""
-    from shipyard.config.load import load_config
+    path: str, overrides: list[str], cut: int, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """The paired difference of two evaluations (``eval_*.json``) of the candidate's tasks on those
+    of difficulty <= ``cut`` and on the harder ones."""
     from shipyard.envs.tasks.functions import generated_tasks
 
-    shipped, cand = load_config(path).tasks, load_config(path, overrides).tasks
-    if cand.max_difficulty <= shipped.max_difficulty:
-        return None
+    tasks = load_config(path, overrides).tasks
     assert before["task_ids"] == after["task_ids"]
-    level = {t.id: t.difficulty for t in generated_tasks(cand.num_generated, cand.seed)}
-    cut, out = shipped.max_difficulty, {}
+    level = {t.id: t.difficulty for t in generated_tasks(tasks.num_generated, tasks.seed)}
+    out: dict[str, dict[str, float]] = {}
     for name, keep in ((f"difficulty<={cut}", lambda d: d <= cut), (f"difficulty>{cut}", lambda d: d > cut)):
         idx = [i for i, t in enumerate(before["task_ids"]) if keep(level[t])]
         b, a = [float(before["passed"][i]) for i in idx], [float(after["passed"][i]) for i in idx]
