@@ -109,6 +109,7 @@ def run_hf(
             max_new_tokens=params.max_tokens,
             eos_token_id=eos,
             pad_token_id=pad,
+            min_new_tokens=params.max_tokens if params.ignore_eos else None,
             **sampling,
         )
     wall = time.perf_counter() - t0

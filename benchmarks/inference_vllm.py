@@ -28,8 +28,18 @@ server; dt ``fp32``/``bf16``, t threads), ``decode_step_over_bandwidth_bound_b1`
 ``decode_step_over_gemm_peak_b16`` (per cell under ``cells``, the top level holding bf16 at the most
 threads), every system's tokens/s and rounds under ``cells``.
 
-Limits: sampled lengths differ between the systems (different random streams; EOS ends rows at
-different times), which tokens/s normalises and ``mean_completion_tokens`` shows; vLLM's in-process
+Fixed lengths (``--ignore-eos``, added in session 37 before its first run): sampled lengths differ
+between the systems and between rounds (different random streams; EOS ends rows at different
+times: a round of 16 x 256 gave 2,888 to 3,786 tokens), and a batch that runs its longest row to
+256 steps pays for every step whatever its other rows did, so tokens/s moves by +-10% with the
+lengths alone. With ``--ignore-eos`` every request samples to ``--max-tokens``: ``ignore_eos`` on
+the embedded engine, ``shipyard serve`` and vLLM (the same vLLM extension), ``min_new_tokens`` for
+``generate`` (which forbids EOS rather than ignoring it: the same count). Every system then makes
+the same 16 x 256 tokens, and tokens/s compares decode speed alone, on text past EOS that users
+rarely ask for. Same keys, written to ``inference_vllm_fixed_length.json``.
+
+Limits: without ``--ignore-eos``, sampled lengths differ between the systems, which tokens/s
+normalises only in part and ``mean_completion_tokens`` shows; vLLM's in-process
 engine is not measured (its server is what users run; the ``engine_`` ratios divide by it). vLLM is
 skipped when ``.venv-vllm`` is missing (``make vllm``) or under ``--no-vllm``. ``--quick`` (bf16, 1
 thread, 4 requests of 32 tokens, one round, no vLLM) is a smoke run, not a figure.
@@ -38,6 +48,8 @@ Usage::
 
     .venv/bin/python benchmarks/inference_vllm.py             # 2 dtypes x 1, 2 threads, ~30 min
     .venv/bin/python benchmarks/inference_vllm.py --cells bf16:2 --repeats 1
+    .venv/bin/python benchmarks/inference_vllm.py --cells bf16:1,bf16:2 --ignore-eos  # equal lengths
+    .venv/bin/python benchmarks/inference_vllm.py --set inference.fp32_lm_head=false --tag head_bf16
     .venv/bin/python benchmarks/inference_vllm.py --quick
 """
 
@@ -67,8 +79,23 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=None, help="concurrent requests (default 16, quick 4)")
     ap.add_argument("--max-tokens", type=int, default=None, help="per request (default 256, quick 32)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
+    ap.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every request samples to --max-tokens (ignore_eos; min_new_tokens for generate): tokens/s "
+        "at equal lengths, written to inference_vllm_fixed_length.json",
+    )
+    ap.add_argument("--tag", default="", help="suffix of the results file's name, e.g. head_bf16 with --set")
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM (the ratios are then absent)")
     ap.add_argument("--config", default=str(ROOT / "configs/demo.toml"), help="the server's config")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted config override for the embedded engine and `shipyard serve` alike "
+        "(e.g. inference.fp32_lm_head=false); repeatable",
+    )
     args = ap.parse_args()
     args.cells = args.cells or ("bf16:1" if args.quick else "fp32:1,fp32:2,bf16:1,bf16:2")
     cells = []
@@ -110,7 +137,7 @@ def _wait_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float =
 class ShipyardServer:
     """``shipyard serve`` on the cell's dtype and threads, serving the base model from a scratch store."""
 
-    def __init__(self, config: str, dtype: str, threads: int, work: Path) -> None:
+    def __init__(self, config: str, dtype: str, threads: int, work: Path, overrides: list[str]) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work / f"shipyard-serve-{dtype}-{threads}.log"
@@ -126,6 +153,7 @@ class ShipyardServer:
             'run.name="bench-inference"',
             f'store.root="{work / "store"}"',
             f'run.output_dir="{work / "runs"}"',
+            *overrides,
         ]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         _wait_health(self.url, self.proc, self.log)
@@ -157,7 +185,9 @@ def start_vllm(dtype: str, threads: int, work: Path) -> Any:
     return proc
 
 
-def openai_round(url: str, messages: list[list[dict[str, str]]], max_tokens: int, seed: int) -> Round:
+def openai_round(
+    url: str, messages: list[list[dict[str, str]]], max_tokens: int, seed: int, ignore_eos: bool = False
+) -> Round:
     """All chat requests at once through the ``openai`` client; tokens from each answer's ``usage``."""
     from openai import OpenAI
 
@@ -172,6 +202,7 @@ def openai_round(url: str, messages: list[list[dict[str, str]]], max_tokens: int
             temperature=1.0,
             top_p=1.0,
             seed=seed + i,
+            extra_body={"ignore_eos": True} if ignore_eos else None,
         )
 
     t0 = time.perf_counter()
@@ -184,11 +215,14 @@ def openai_round(url: str, messages: list[list[dict[str, str]]], max_tokens: int
     return {"tokens": tokens, "wall_s": round(wall, 3), "requests": len(answers), "eos": eos}
 
 
-def engine_round(engine: Any, prompts: list[list[int]], max_tokens: int, seed: int) -> Round:
+def engine_round(
+    engine: Any, prompts: list[list[int]], max_tokens: int, seed: int, ignore_eos: bool = False
+) -> Round:
     from shipyard.inference.types import GenerateRequest, SamplingParams
 
     reqs = [
-        GenerateRequest(p, SamplingParams(1.0, 1.0, max_tokens, [], seed + i)) for i, p in enumerate(prompts)
+        GenerateRequest(p, SamplingParams(1.0, 1.0, max_tokens, [], seed + i, ignore_eos=ignore_eos))
+        for i, p in enumerate(prompts)
     ]
     t0 = time.perf_counter()
     results = engine.generate(reqs)
@@ -203,12 +237,19 @@ def engine_round(engine: Any, prompts: list[list[int]], max_tokens: int, seed: i
 
 
 def hf_round(
-    model: Any, prompts: list[list[int]], max_tokens: int, eos: list[int], pad: int, seed: int
+    model: Any,
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos: list[int],
+    pad: int,
+    seed: int,
+    ignore_eos: bool = False,
 ) -> Round:
     from inference import run_hf
     from shipyard.inference.types import SamplingParams
 
-    tokens, wall, ended = run_hf(model, prompts, SamplingParams(1.0, 1.0, max_tokens), eos, pad, seed)
+    params = SamplingParams(1.0, 1.0, max_tokens, ignore_eos=ignore_eos)
+    tokens, wall, ended = run_hf(model, prompts, params, eos, pad, seed)
     return {"tokens": tokens, "wall_s": round(wall, 3), "requests": len(prompts), "eos": ended}
 
 
@@ -285,21 +326,24 @@ def run_cell(args: argparse.Namespace, dt: str, threads: int, work: Path) -> dic
     from shipyard.inference.backends.embedded import build_engine
     from shipyard.models.loading import load_model
 
-    cfg = load_config(args.config, [f"inference.dtype={DTYPES[dt]}", f"inference.threads={threads}"])
+    cfg = load_config(
+        args.config, [f"inference.dtype={DTYPES[dt]}", f"inference.threads={threads}", *args.set]
+    )
     engine, tok = build_engine(cfg)  # sets torch's threads to the cell's
     hf_model = load_model(cfg.model)[0].to(getattr(torch, DTYPES[dt]))
     eos, pad = sorted(engine.eos_ids), engine.pad_id
     prompts = chat_prompts(tok, args.requests)
     messages = [[{"role": "user", "content": TASKS[i % len(TASKS)]}] for i in range(args.requests)]
-    servers: dict[str, Any] = {"shipyard_server": ShipyardServer(args.config, dt, threads, work)}
+    servers: dict[str, Any] = {"shipyard_server": ShipyardServer(args.config, dt, threads, work, args.set)}
     try:
         if args.vllm:
             servers["vllm_server"] = start_vllm(dt, threads, work)
+        fixed = args.ignore_eos
         systems = {
-            "embedded_engine": lambda n, s: engine_round(engine, prompts, n, s),
-            "hf_generate": lambda n, s: hf_round(hf_model, prompts, n, eos, pad, s),
+            "embedded_engine": lambda n, s: engine_round(engine, prompts, n, s, fixed),
+            "hf_generate": lambda n, s: hf_round(hf_model, prompts, n, eos, pad, s, fixed),
             **{
-                name: (lambda n, s, u=srv.url: openai_round(u, messages, n, s))
+                name: (lambda n, s, u=srv.url: openai_round(u, messages, n, s, fixed))
                 for name, srv in servers.items()
             },
         }
@@ -340,6 +384,8 @@ def main() -> None:
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
+        "ignore_eos": args.ignore_eos,
+        "overrides": args.set,
         "cells": {},
     }
     with tempfile.TemporaryDirectory(prefix="shipyard-bench-inference-") as tmp:
@@ -377,7 +423,10 @@ def main() -> None:
             for k, c in out["cells"].items()
         },
     )
-    write_results(args, "inference_vllm", out)
+    name = (
+        "inference_vllm" + ("_fixed_length" if args.ignore_eos else "") + (f"_{args.tag}" if args.tag else "")
+    )
+    write_results(args, name, out)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def test_request_and_response_mapping() -> None:
         [" the"],
         1,
     )
-    assert sp["include_stop_str_in_output"] is True and "seed" not in sp
+    assert sp["include_stop_str_in_output"] is True and "seed" not in sp and "ignore_eos" not in sp
+    fixed = GenerateRequest([1], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert generate_body(fixed, "policy")["sampling_params"]["ignore_eos"] is True
     res = parse_choice(CHOICE, req)
     assert res.token_ids == [13168, 44894, 260] and res.logprobs == [-8.59, -0.006, -1.5]
     assert res.versions == [0, 1, 1] and res.finish_reason == "stop"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from shipyard.config.schema import ModelConfig
 from shipyard.inference.engine.attention import use_packed_decode
@@ -15,14 +15,18 @@ from shipyard.inference.engine.kv_cache import slack_cache
 from shipyard.inference.engine.lean_decode import lean_decode
 from shipyard.inference.engine.packed import can_pack, pack_linears
 from shipyard.inference.types import GenerateRequest, SamplingParams
-from shipyard.models.loading import build_tiny, load_tokenizer
+from shipyard.models.loading import build_tiny, load_tokenizer, tiny_config
 from shipyard.models.precision import cast_for_sampling
 
 VOCAB = 512
 
 
-def _model(dtype: torch.dtype, packed: bool) -> torch.nn.Module:
-    model = build_tiny("dense", VOCAB, 3).eval()
+def _model(dtype: torch.dtype, packed: bool, kv_heads: int = 2) -> torch.nn.Module:
+    """The tiny Llama (4 query heads; 2 key/value heads: grouped, 4: one per query head)."""
+    config = tiny_config("dense", VOCAB)
+    config.num_key_value_heads = kv_heads
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     cast_for_sampling(model, dtype, fp32_head=dtype != torch.float32)
     assert use_packed_decode(model)
     if packed:
@@ -48,10 +52,11 @@ def _prefill(model: torch.nn.Module, lengths: list[int]) -> tuple[DynamicCache, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("lengths", [[7, 7, 7], [3, 9, 6, 1]])
+@pytest.mark.parametrize("kv_heads", [2, 4])
 def test_a_lean_step_is_the_models_forward_bit_for_bit(
-    dtype: torch.dtype, packed: bool, lengths: list[int]
+    dtype: torch.dtype, packed: bool, lengths: list[int], kv_heads: int
 ) -> None:
-    model = _model(dtype, packed)
+    model = _model(dtype, packed, kv_heads)
     lean = lean_decode(model)
     assert lean is not None
     ref_cache, mask_BT, pos_B = _prefill(model, lengths)

@@ -187,6 +187,17 @@ def test_logit_bias_and_penalties_change_sampling(oai: openai.OpenAI, model_tok)
     assert len(set(pen_ids)) >= len(set(ids)) and pen_ids != ids, "penalties discourage repeats"
 
 
+def test_ignore_eos_samples_on_to_the_length_asked(oai: openai.OpenAI, served) -> None:
+    eos = min(served[0].eos_ids)
+    kw: dict[str, Any] = {"model": "shipyard", "messages": MSG, "max_tokens": 6, "temperature": 0}
+    kw["logit_bias"] = {str(eos): 100}  # every draw is the end-of-sequence token
+    ends = oai.chat.completions.create(**kw)
+    assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens == 1
+    on = oai.chat.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert on.choices[0].finish_reason == "length" and on.usage.completion_tokens == 6
+    assert on.choices[0].model_extra["shipyard"]["token_ids"] == [eos] * 6
+
+
 def test_streaming_gives_the_same_text_and_usage_last(oai: openai.OpenAI) -> None:
     kw = {
         "model": "shipyard",

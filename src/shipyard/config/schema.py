@@ -173,7 +173,9 @@ class InferenceConfig(_Section):
     """When the engine's model runs in a low precision (bf16/fp16), compute its final norm and LM head
     in fp32 from the low-precision hidden state (`models.precision.cast_for_sampling`), the largest
     single source of the sampler/trainer logprob mismatch (docs/mismatch.md). No effect on an fp32
-    engine, whose head is fp32 already."""
+    engine, whose head is fp32 already. Its price on a CPU: the head's weights read in fp32 and its
+    GEMM off the bf16 units, 16% of a 16-row bf16 decode step on a 2-core AMX Xeon; a server that only
+    serves (no RL on its logprobs) can set it false (docs/benchmarks.md, "Inference as users run it")."""
     fp32_router: bool = False
     """The same for the MoE routers (fp32 router weights, logits and gate weights); no effect on a
     dense or an fp32 engine. Apply it to both arms when comparing router replay."""

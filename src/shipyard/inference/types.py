@@ -43,6 +43,9 @@ class SamplingParams:
     """Subtracted from a token's logit once per time it was generated (OpenAI's definition)."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Added to the logits of these token ids before sampling."""
+    ignore_eos: bool = False
+    """Sample on past end-of-sequence tokens (vLLM's extension of the same name): the row ends at
+    ``max_tokens``, the context's end or a stop string. For measurements at fixed lengths."""
 
     def __post_init__(self) -> None:
         self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}  # JSON keys are strings

@@ -295,6 +295,8 @@ def generate_body(request: GenerateRequest, served_name: str, n: int = 1) -> dic
         sampling["stop"] = list(p.stop)
     if p.seed is not None:
         sampling["seed"] = p.seed
+    if p.ignore_eos:
+        sampling["ignore_eos"] = True
     return {"model": served_name, "token_ids": list(request.prompt_ids), "sampling_params": sampling}
 
 

@@ -754,7 +754,7 @@ class EmbeddedEngine:
             ):
                 row.finish = "abort"
                 self.stats["aborted"] += 1
-            elif tok in self.eos_ids:
+            elif tok in self.eos_ids and not row.params.ignore_eos:
                 row.finish = "eos"
             elif row.params.stop and self._hit_stop(row):
                 row.finish = "stop"

@@ -93,13 +93,28 @@ def _projection(members: list[nn.Module]) -> Project:
     return lambda x_NI: [m(x_NI) for m in members]
 
 
+def _queries_keys_values(attn: Any) -> Project:
+    """``[qk_N(H+KV)D, v_N(KV)D]``: the query and key columns side by side, as one packed GEMM leaves
+    them (so one rotation covers both), or concatenated where the projections are separate layers."""
+    group = getattr(attn.q_proj, "group", None)
+    if isinstance(group, PackedGroup) and group.members == [attn.q_proj, attn.k_proj, attn.v_proj]:
+        qk = group.bounds[2]
+
+        def packed(x_NI: torch.Tensor) -> list[torch.Tensor]:
+            y_NO = group.product(x_NI)
+            return [y_NO[:, :qk], y_NO[:, qk:]]
+
+        return packed
+    return lambda x_NI: [torch.cat([attn.q_proj(x_NI), attn.k_proj(x_NI)], dim=-1), attn.v_proj(x_NI)]
+
+
 class _Layer:
     """What a decode step reads of one ``LlamaDecoderLayer``."""
 
     def __init__(self, layer: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv = _projection([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qk_v = _queries_keys_values(attn)
         self.o = _projection([attn.o_proj])
         self.gate_up = _projection([mlp.gate_proj, mlp.up_proj])
         self.down = _projection([mlp.down_proj])
@@ -108,10 +123,9 @@ class _Layer:
 
 
 def _rms_norm(norm: Any, h_NE: torch.Tensor) -> torch.Tensor:
-    """``LlamaRMSNorm.forward``, op for op."""
-    x_NE = h_NE.to(torch.float32)
-    variance_N1 = x_NE.pow(2).mean(-1, keepdim=True)
-    x_NE = x_NE * torch.rsqrt(variance_N1 + norm.variance_epsilon)
+    """``LlamaRMSNorm.forward``: the same fp32 ops (``x * rsqrt(mean(x^2) + eps)``), in ATen's composite
+    ``rms_norm`` rather than one Python call each (bit-identical: ``tests/inference/test_lean_decode.py``)."""
+    x_NE = F.rms_norm(h_NE.to(torch.float32), (h_NE.shape[-1],), None, norm.variance_epsilon)
     return norm.weight * x_NE.to(h_NE.dtype)
 
 
@@ -120,6 +134,12 @@ def _rotate(x_BHD: torch.Tensor, cos_B11D: torch.Tensor, sin_B11D: torch.Tensor)
     half = x_BHD.shape[-1] // 2
     rotated = torch.cat((-x_BHD[..., half:], x_BHD[..., :half]), dim=-1)
     return (x_BHD * cos_B11D) + (rotated * sin_B11D)
+
+
+def _additive_mask(mask_BT: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, 1, 1, T]``: 0 where attended, -inf where padded, in ``dtype``: what SDPA makes of the
+    boolean mask on every call (``convert_boolean_attn_mask``), made once for the step's layers."""
+    return torch.zeros(mask_BT.shape, dtype=dtype).masked_fill_(mask_BT == 0, float("-inf"))[:, None, None, :]
 
 
 class LeanDecode:
@@ -142,7 +162,7 @@ class LeanDecode:
         h_BE = base.embed_tokens(tokens_B)
         cos_BD, sin_BD = base.rotary_emb(h_BE, pos_B)
         cos_B11D, sin_B11D = cos_BD[:, None, None, :], sin_BD[:, None, None, :]
-        mask_B11T = None if mask_BT is None else mask_BT.bool()[:, None, None, :]
+        mask_B11T = None if mask_BT is None else _additive_mask(mask_BT, h_BE.dtype)
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             attended_BE = self._attention(
                 layer, _rms_norm(layer.norm1, h_BE), cos_B11D, sin_B11D, mask_B11T, cache_layer
@@ -162,12 +182,21 @@ class LeanDecode:
         mask_B11T: torch.Tensor | None,
         cache_layer: Any,
     ) -> torch.Tensor:
-        """``LlamaAttention.forward`` for a one-token query, with the engine's packed SDPA."""
-        b, d = x_BE.shape[0], self.head_dim
-        q_BE, k_BE, v_BE = layer.qkv(x_BE)
-        q_BH1D = _rotate(q_BE.view(b, self.heads, 1, d), cos_B11D, sin_B11D)
-        k_BK1D = _rotate(k_BE.view(b, self.kv_heads, 1, d), cos_B11D, sin_B11D)
-        k_BKTD, v_BKTD = cache_layer.update(k_BK1D, v_BE.view(b, self.kv_heads, 1, d))
-        out_B1HD, _ = packed_decode_sdpa(layer.attn, q_BH1D, k_BKTD, v_BKTD, mask_B11T, scaling=self.scaling)
-        (o_BE,) = layer.o(out_B1HD.reshape(b, self.heads * d))
+        """``LlamaAttention.forward`` for a one-token query: q and k rotated in one pass (the same
+        elementwise ops on each element), then the engine's packed SDPA, its output read in place."""
+        b, d, h, kv = x_BE.shape[0], self.head_dim, self.heads, self.kv_heads
+        qk_BE, v_BE = layer.qk_v(x_BE)
+        qk_BH1D = _rotate(qk_BE.view(b, h + kv, 1, d), cos_B11D, sin_B11D)
+        k_BKTD, v_BKTD = cache_layer.update(qk_BH1D[:, h:], v_BE.view(b, kv, 1, d))
+        if h == kv:  # no grouped heads: transformers' SDPA, as the model's forward calls it
+            out_B1HD, _ = packed_decode_sdpa(
+                layer.attn, qk_BH1D[:, :h], k_BKTD, v_BKTD, mask_B11T, scaling=self.scaling
+            )
+            (o_BE,) = layer.o(out_B1HD.reshape(b, h * d))
+            return o_BE
+        # packed_decode_sdpa's call; its [B, KV, H/KV, D] output is already the heads in order
+        out_BKGD = F.scaled_dot_product_attention(
+            qk_BH1D[:, :h].reshape(b, kv, h // kv, d), k_BKTD, v_BKTD, attn_mask=mask_B11T, scale=self.scaling
+        )
+        (o_BE,) = layer.o(out_BKGD.reshape(b, h * d))
         return o_BE

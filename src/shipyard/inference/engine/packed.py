@@ -108,12 +108,16 @@ class PackedGroup:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self._input, self._outs = None, {}
 
-    def columns(self, x_NI: torch.Tensor) -> list[torch.Tensor]:
-        """Every member's ``[N, O]`` output for a ``[N, I]`` input, from one GEMM (views of its result)."""
+    def product(self, x_NI: torch.Tensor) -> torch.Tensor:
+        """The members' outputs side by side, ``[N, sum of O]`` for a ``[N, I]`` input: one GEMM."""
         bias = None
         if self.members[0].bias is not None:
             bias = torch.cat([m.bias.detach() for m in self.members if m.bias is not None])
-        y_NO = _gemm(x_NI, self.packed, bias)
+        return _gemm(x_NI, self.packed, bias)
+
+    def columns(self, x_NI: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's ``[N, O]`` output for a ``[N, I]`` input, from one GEMM (views of its result)."""
+        y_NO = self.product(x_NI)
         return [y_NO[:, a:b] for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
 
     def output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor:

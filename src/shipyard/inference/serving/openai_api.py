@@ -13,8 +13,10 @@ it, never silently ignored:
   server; next to other requests its draws are the same but its logits may differ in the last bits
   with the batch's shape), ``logprobs`` and
   ``top_logprobs`` (<= 20), ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
-  ``stream`` with ``stream_options.include_usage``, and ``user`` (an end-user id: recorded by a
-  gateway, it does not change sampling); ``null`` means "not given" for every optional field;
+  ``stream`` with ``stream_options.include_usage``, ``user`` (an end-user id: recorded by a
+  gateway, it does not change sampling) and vLLM's extension ``ignore_eos`` (sample on past
+  end-of-sequence tokens, to the length asked: for throughput at fixed lengths); ``null`` means
+  "not given" for every optional field;
 - tools: ``tools`` (function tools), ``tool_choice`` (``auto``, ``none``, ``required``, a named
   function) and ``parallel_tool_calls`` (false keeps the first call), messages with ``tool_calls``
   and ``tool`` messages: rendered and parsed as :mod:`shipyard.inference.serving.tools` says; a reply with
@@ -124,6 +126,7 @@ class ChatCompletionBody(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    ignore_eos: bool | None = None
 
 
 NO_OPS: dict[str, Any] = {"response_format": {"type": "text"}}
@@ -255,6 +258,7 @@ def chat_requests(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=bias,
+        ignore_eos=bool(body.ignore_eos),
     )
     params = [SamplingParams(**{**base.__dict__, "seed": choice_seed(body.seed, i)}) for i in range(n)]
     plan = dataclasses.replace(plan, stop=stop) if plan is not None else ChatPlan(stop)
