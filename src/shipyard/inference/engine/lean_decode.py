@@ -183,20 +183,13 @@ class LeanDecode:
         cache_layer: Any,
     ) -> torch.Tensor:
         """``LlamaAttention.forward`` for a one-token query: q and k rotated in one pass (the same
-        elementwise ops on each element), then the engine's packed SDPA, its output read in place."""
+        elementwise ops on each element), then the engine's packed SDPA."""
         b, d, h, kv = x_BE.shape[0], self.head_dim, self.heads, self.kv_heads
         qk_BE, v_BE = layer.qk_v(x_BE)
         qk_BH1D = _rotate(qk_BE.view(b, h + kv, 1, d), cos_B11D, sin_B11D)
         k_BKTD, v_BKTD = cache_layer.update(qk_BH1D[:, h:], v_BE.view(b, kv, 1, d))
-        if h == kv:  # no grouped heads: transformers' SDPA, as the model's forward calls it
-            out_B1HD, _ = packed_decode_sdpa(
-                layer.attn, qk_BH1D[:, :h], k_BKTD, v_BKTD, mask_B11T, scaling=self.scaling
-            )
-            (o_BE,) = layer.o(out_B1HD.reshape(b, h * d))
-            return o_BE
-        # packed_decode_sdpa's call; its [B, KV, H/KV, D] output is already the heads in order
-        out_BKGD = F.scaled_dot_product_attention(
-            qk_BH1D[:, :h].reshape(b, kv, h // kv, d), k_BKTD, v_BKTD, attn_mask=mask_B11T, scale=self.scaling
+        out_B1HD, _ = packed_decode_sdpa(
+            layer.attn, qk_BH1D[:, :h], k_BKTD, v_BKTD, mask_B11T, scaling=self.scaling
         )
-        (o_BE,) = layer.o(out_BKGD.reshape(b, h * d))
+        (o_BE,) = layer.o(out_B1HD.reshape(b, h * d))
         return o_BE
